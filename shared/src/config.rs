@@ -1,0 +1,375 @@
+//! The router's configuration file: what the launcher writes for a session and `agent-sandbox-router
+//! --config FILE` reads.
+//!
+//! It is parsed with `deny_unknown_fields` (a typo is an error, not a silently ignored setting), then
+//! validated into a [`Policy`] and a list of listeners by [`RouterConfig::validate`]. The standalone
+//! gateway builds the same type from its command-line flags, so both modes run one code path.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::allowlist::Entry;
+use crate::name::HostName;
+use crate::policy::Policy;
+
+/// Default seconds a client may take to send its ClientHello or request head.
+pub const DEFAULT_PEEK_TIMEOUT_SECS: u64 = 10;
+/// Default seconds allowed for resolving and connecting to an upstream.
+pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
+/// Default cap on concurrently handled connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default TTL of DNS answers: short, so an allowlist change is seen quickly by long-lived clients.
+pub const DEFAULT_ANSWER_TTL: u32 = 10;
+
+/// The largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The router's whole configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Where the router listens for DNS (UDP and TCP), HTTP and TLS. A missing listener is not started.
+    pub listen: ListenConfig,
+    /// Names allowed exactly, on ports 80 and 443 (the `api.anthropic.com` entries).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Apexes allowed with all their subdomains (the `.example.com` entries, written without the dot).
+    #[serde(default)]
+    pub subdomains: Vec<String>,
+    /// The host:port entries, each with its own listener; their hosts are also allowed on 80 and 443.
+    #[serde(default)]
+    pub forwards: Vec<ForwardConfig>,
+    /// What DNS answers for allowed names.
+    pub answers: AnswerConfig,
+    /// Upstream DNS servers used to resolve allowed names when a connection needs them. Empty means the
+    /// router's own /etc/resolv.conf and /etc/hosts.
+    #[serde(default)]
+    pub resolvers: Vec<SocketAddr>,
+    /// Seconds a client may take to send its ClientHello or HTTP request head before it is closed.
+    #[serde(default = "default_peek_timeout")]
+    pub peek_timeout_secs: u64,
+    /// Seconds allowed to resolve an upstream name and connect to it.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_secs: u64,
+    /// Cap on connections handled at once across all listeners; more wait in the kernel's backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+/// Listener addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// DNS over UDP and TCP.
+    pub dns: Option<SocketAddr>,
+    /// Plain HTTP, routed by the Host header.
+    pub http: Option<SocketAddr>,
+    /// TLS, routed by the ClientHello's SNI.
+    pub https: Option<SocketAddr>,
+}
+
+/// One host:port entry and where the router listens for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardConfig {
+    /// The one host this listener connects to.
+    pub host: String,
+    /// The port on that host.
+    pub port: u16,
+    /// The router's listener for this entry.
+    pub listen: SocketAddr,
+}
+
+/// DNS answers for allowed names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerConfig {
+    /// The A record for every allowed name without a more specific answer.
+    pub default: Ipv4Addr,
+    /// Per-name A records (in a session: each host with a port entry has its own loopback address, so
+    /// its forwarder relay can tell the ports apart).
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Ipv4Addr>,
+    /// TTL of the answers, in seconds.
+    #[serde(default = "default_ttl")]
+    pub ttl: u32,
+}
+
+fn default_peek_timeout() -> u64 {
+    DEFAULT_PEEK_TIMEOUT_SECS
+}
+fn default_connect_timeout() -> u64 {
+    DEFAULT_CONNECT_TIMEOUT_SECS
+}
+fn default_max_connections() -> usize {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn default_ttl() -> u32 {
+    DEFAULT_ANSWER_TTL
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read router configuration {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML does not parse or has unknown fields.
+    #[error("router configuration {path} is not valid: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// The content parses but does not make sense; every problem is listed.
+    #[error("router configuration is not valid:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+}
+
+/// A validated configuration: the compiled policy, the DNS answers and the listeners.
+#[derive(Clone, Debug)]
+pub struct ValidConfig {
+    /// The policy compiled from hosts, subdomains and forwards.
+    pub policy: Policy,
+    /// Per-name answers, normalised.
+    pub host_answers: BTreeMap<HostName, Ipv4Addr>,
+    /// Forward entries with their normalised host.
+    pub forwards: Vec<(HostName, u16, SocketAddr)>,
+    /// The configuration as given.
+    pub raw: RouterConfig,
+}
+
+impl RouterConfig {
+    /// Reads a TOML configuration file.
+    pub fn load(path: &Path) -> Result<RouterConfig, ConfigError> {
+        let read_err = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Syntax {
+                path: path.to_owned(),
+                message: format!("larger than {MAX_CONFIG_BYTES} bytes"),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        RouterConfig::from_toml(&text).map_err(|message| ConfigError::Syntax {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error is the parser's message (with line and column).
+    pub fn from_toml(text: &str) -> Result<RouterConfig, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Serialises to TOML.
+    #[must_use]
+    pub fn to_toml(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot serialise: {e}\n"))
+    }
+
+    /// A configuration with the given policy and answers, no listeners and default limits.
+    #[must_use]
+    pub fn from_policy(policy: &Policy, default_answer: Ipv4Addr) -> RouterConfig {
+        let mut config = RouterConfig {
+            listen: ListenConfig::default(),
+            hosts: Vec::new(),
+            subdomains: Vec::new(),
+            forwards: Vec::new(),
+            answers: AnswerConfig {
+                default: default_answer,
+                hosts: BTreeMap::new(),
+                ttl: DEFAULT_ANSWER_TTL,
+            },
+            resolvers: Vec::new(),
+            peek_timeout_secs: DEFAULT_PEEK_TIMEOUT_SECS,
+            connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        };
+        for entry in policy.entries() {
+            match entry {
+                Entry::Host(n) => config.hosts.push(n.to_string()),
+                Entry::Subdomains(n) => config.subdomains.push(n.to_string()),
+                // Forwards need a listen address, which the caller decides.
+                Entry::Port(..) => {}
+            }
+        }
+        config
+    }
+
+    /// Checks every name, answer and listener; collects every problem.
+    pub fn validate(&self) -> Result<ValidConfig, ConfigError> {
+        let mut problems = Vec::new();
+        let mut entries = Vec::new();
+        let name = |problems: &mut Vec<String>, what: &str, raw: &str| match HostName::parse(raw) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                problems.push(format!("{what} `{}`: {e}", raw.escape_debug()));
+                None
+            }
+        };
+        for h in &self.hosts {
+            if let Some(n) = name(&mut problems, "hosts entry", h) {
+                entries.push(Entry::Host(n));
+            }
+        }
+        for s in &self.subdomains {
+            let apex = s.strip_prefix('.').unwrap_or(s);
+            if let Some(n) = name(&mut problems, "subdomains entry", apex) {
+                entries.push(Entry::Subdomains(n));
+            }
+        }
+        let mut forwards = Vec::new();
+        for f in &self.forwards {
+            if let Some(n) = name(&mut problems, "forwards entry", &f.host) {
+                if f.port == 0 {
+                    problems.push(format!("forwards entry `{}`: port 0", f.host));
+                }
+                entries.push(Entry::Port(n.clone(), f.port));
+                forwards.push((n, f.port, f.listen));
+            }
+        }
+        let mut host_answers = BTreeMap::new();
+        for (h, addr) in &self.answers.hosts {
+            if let Some(n) = name(&mut problems, "answers.hosts entry", h) {
+                host_answers.insert(n, *addr);
+            }
+        }
+        if self.peek_timeout_secs == 0 {
+            problems.push("peek_timeout_secs must be at least 1".to_owned());
+        }
+        if self.connect_timeout_secs == 0 {
+            problems.push("connect_timeout_secs must be at least 1".to_owned());
+        }
+        if self.max_connections == 0 {
+            problems.push("max_connections must be at least 1".to_owned());
+        }
+        problems.extend(listener_conflicts(self));
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid(problems));
+        }
+        Ok(ValidConfig {
+            policy: Policy::from_entries(entries),
+            host_answers,
+            forwards,
+            raw: self.clone(),
+        })
+    }
+}
+
+/// Two TCP listeners on one address cannot both bind; say which.
+fn listener_conflicts(config: &RouterConfig) -> Vec<String> {
+    let mut tcp: Vec<(String, SocketAddr)> = Vec::new();
+    if let Some(a) = config.listen.dns {
+        tcp.push(("dns".into(), a));
+    }
+    if let Some(a) = config.listen.http {
+        tcp.push(("http".into(), a));
+    }
+    if let Some(a) = config.listen.https {
+        tcp.push(("https".into(), a));
+    }
+    for f in &config.forwards {
+        tcp.push((format!("forward {}:{}", f.host, f.port), f.listen));
+    }
+    let mut problems = Vec::new();
+    for (i, (what, addr)) in tcp.iter().enumerate() {
+        for (other, other_addr) in &tcp[..i] {
+            if overlaps(*addr, *other_addr) {
+                problems.push(format!(
+                    "{what} and {other} would both listen on {addr}{}",
+                    if addr == other_addr {
+                        String::new()
+                    } else {
+                        format!(" / {other_addr}")
+                    }
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Same port, and the same address or one of them the wildcard of the same family.
+fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && a.is_ipv4() == b.is_ipv4()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allowlist::Allowlist;
+
+    fn sample() -> RouterConfig {
+        let list = Allowlist::parse("api.anthropic.com\n.example.com\n", "t").unwrap();
+        let mut c = RouterConfig::from_policy(&Policy::new(&list), Ipv4Addr::new(127, 0, 0, 2));
+        c.listen.dns = Some("10.0.0.2:53".parse().unwrap());
+        c.listen.https = Some("10.0.0.2:443".parse().unwrap());
+        c.forwards.push(ForwardConfig {
+            host: "db.example.com".into(),
+            port: 5432,
+            listen: "10.0.0.2:10000".parse().unwrap(),
+        });
+        c
+    }
+
+    #[test]
+    fn round_trip() {
+        let c = sample();
+        let text = c.to_toml();
+        assert_eq!(RouterConfig::from_toml(&text).unwrap(), c);
+    }
+
+    #[test]
+    fn unknown_fields_are_errors() {
+        let text = format!("{}\nbogus = 1\n", sample().to_toml());
+        let err = RouterConfig::from_toml(&text).unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn validation_collects_problems() {
+        let mut c = sample();
+        c.hosts.push("1.2.3.4".into());
+        c.subdomains.push("*.x.com".into());
+        c.listen.http = Some("0.0.0.0:443".parse().unwrap());
+        c.peek_timeout_secs = 0;
+        let err = c.validate().unwrap_err().to_string();
+        for needle in [
+            "`1.2.3.4`",
+            "`*.x.com`",
+            "https and http would both listen on 10.0.0.2:443 / 0.0.0.0:443",
+            "peek_timeout",
+        ] {
+            assert!(err.contains(needle), "{needle} missing in {err}");
+        }
+    }
+
+    #[test]
+    fn valid_config_compiles_policy() {
+        let v = sample().validate().unwrap();
+        assert!(v.policy.decide("www.example.com").is_ok());
+        assert!(v.policy.decide("db.example.com").is_ok());
+        assert!(v
+            .policy
+            .allows_port(&HostName::parse("db.example.com").unwrap(), 5432));
+        assert!(v.policy.decide("evil.com").is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! What agent-sandbox's three binaries agree on: the allowlist format, the policy decisions, the session
+//! plan (which loopback address each name resolves to inside the sandbox, which ports the router and the
+//! forwarder listen on), and the router's configuration file.
+//!
+//! This crate does no I/O beyond reading the file it is given, so every decision can be tested as a table.
+
+pub mod allowlist;
+pub mod config;
+pub mod name;
+pub mod plan;
+pub mod policy;
+
+pub use allowlist::{Allowlist, AllowlistError, Entry};
+pub use config::{RouterConfig, ValidConfig};
+pub use name::{HostName, NameError};
+pub use plan::{Relay, SessionPlan};
+pub use policy::{Decision, Policy, Refusal};
