@@ -1,10 +1,93 @@
+//! `agent-sandbox-router`: parses the command line, sets up logging and the runtime, and maps the outcome
+//! to an exit status (0 ok, 1 bad input or runtime failure, 2 usage). The work is in the library.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use agent_sandbox_router::cli::{BuildError, Cli};
+use agent_sandbox_router::{bind, describe, logging, run, DnsStats};
+use anyhow::Context as _;
 use clap::Parser;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 
-/// Placeholder command line, filled in by its own issue.
-#[derive(Debug, Parser)]
-#[command(version, about)]
-struct Cli {}
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
 
-fn main() {
-    let _ = Cli::parse();
+    let built = match cli.build_config() {
+        Ok(b) => b,
+        Err(BuildError::Usage(e)) => {
+            eprintln!("agent-sandbox-router: {e}");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("agent-sandbox-router: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for w in &built.warnings {
+        warn!("allowlist: {w}");
+    }
+    let config = match built.config.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agent-sandbox-router: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if cli.check {
+        print!("{}", describe(&config));
+        return ExitCode::SUCCESS;
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agent-sandbox-router: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let outcome: anyhow::Result<()> = runtime.block_on(async move {
+        // Signal handlers go in before readiness is reported, so a SIGTERM right after the
+        // "listening on" lines is a clean shutdown rather than the default disposition.
+        let shutdown = CancellationToken::new();
+        let signals = tokio::spawn(wait_for_signal(install_signals()?, shutdown.clone()));
+        let listeners = bind(&config).await?;
+        for (addr, proto) in listeners.addresses() {
+            info!("listening on {addr} ({proto})");
+        }
+        let served = run(config, listeners, Arc::new(DnsStats::default()), shutdown).await;
+        signals.abort();
+        served
+    });
+    // Detached connection tasks must not hold the exit back past the grace period.
+    runtime.shutdown_background();
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// SIGTERM and SIGINT streams.
+fn install_signals() -> anyhow::Result<(Signal, Signal)> {
+    let term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    Ok((term, int))
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT.
+async fn wait_for_signal((mut term, mut int): (Signal, Signal), shutdown: CancellationToken) {
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+    shutdown.cancel();
 }

@@ -1,0 +1,302 @@
+//! The command line, and how it merges with `--config` into one [`RouterConfig`].
+//!
+//! Two ways to run: sandbox mode (`--config FILE`, written by the launcher from the session plan) and
+//! standalone gateway mode (`--allowlist FILE --answer IPV4 ...`). Both end in the same validated
+//! configuration, so the router has one code path. Flags win over the file.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use agent_sandbox_shared::config::{ForwardConfig, RouterConfig};
+use agent_sandbox_shared::{Allowlist, Entry, HostName, Policy};
+use clap::{Parser, ValueEnum};
+
+/// Default listeners of the standalone gateway.
+const DEFAULT_DNS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 53);
+const DEFAULT_HTTP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80);
+const DEFAULT_HTTPS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 443);
+
+/// agent-sandbox's egress router: DNS only for allowlisted names (NXDOMAIN otherwise, never forwarded),
+/// TLS routed by SNI and HTTP by Host to allowlisted names only, and one listener per host:port entry.
+#[derive(Debug, Parser)]
+#[command(name = "agent-sandbox-router", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// Router configuration (TOML) written by the launcher for a session.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Allowlist in the allowed-hosts format (required unless --config).
+    #[arg(long, value_name = "FILE")]
+    pub allowlist: Option<PathBuf>,
+
+    /// The address DNS answers for every allowlisted name (the gateway's own address).
+    #[arg(long, value_name = "IPV4")]
+    pub answer: Option<Ipv4Addr>,
+
+    /// DNS listen address, UDP and TCP [default: 0.0.0.0:53].
+    #[arg(long, value_name = "ADDR")]
+    pub dns: Option<SocketAddr>,
+
+    /// HTTP (Host routing) listen address [default: 0.0.0.0:80].
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+
+    /// TLS (SNI routing) listen address [default: 0.0.0.0:443].
+    #[arg(long, value_name = "ADDR")]
+    pub https: Option<SocketAddr>,
+
+    /// Upstream DNS server (IP or IP:PORT, port 53 by default) used to resolve allowlisted names when
+    /// connecting; repeatable [default: /etc/resolv.conf and /etc/hosts].
+    #[arg(long = "resolver", value_name = "ADDR", value_parser = parse_resolver)]
+    pub resolvers: Vec<SocketAddr>,
+
+    /// Listen address for the host:port entry HOST:PORT [default: 0.0.0.0:PORT]; repeatable.
+    #[arg(long = "forward", value_name = "HOST:PORT=ADDR", value_parser = parse_forward)]
+    pub forwards: Vec<ForwardFlag>,
+
+    /// How long a client may take to send its ClientHello / request head, in seconds [default: 10].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub peek_timeout: Option<u64>,
+
+    /// Cap on connections handled at once [default: 4096].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: Option<u64>,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Load and validate everything, print the effective plan, and exit (0 if valid, 1 otherwise).
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log collectors and the launcher's report).
+    Json,
+}
+
+/// One `--forward HOST:PORT=ADDR`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForwardFlag {
+    /// The entry's host.
+    pub host: HostName,
+    /// The entry's port.
+    pub port: u16,
+    /// Where to listen for it.
+    pub listen: SocketAddr,
+}
+
+fn parse_resolver(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .unwrap_or(s);
+    bare.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("`{s}` is not an IP address or IP:PORT (names are not accepted here)"))
+}
+
+fn parse_forward(s: &str) -> Result<ForwardFlag, String> {
+    let (entry, listen) = s.split_once('=').ok_or_else(|| {
+        format!("`{s}` is not HOST:PORT=ADDR (e.g. db.example.com:5432=0.0.0.0:5432)")
+    })?;
+    let (host, port) = entry
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{entry}` is not HOST:PORT"))?;
+    let host = HostName::parse(host).map_err(|e| format!("`{entry}`: {e}"))?;
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("`{entry}`: the port must be 1-65535"))?;
+    let listen = listen
+        .parse::<SocketAddr>()
+        .map_err(|_| format!("`{listen}` is not an IP:PORT listen address"))?;
+    Ok(ForwardFlag { host, port, listen })
+}
+
+/// A problem with the command line as a whole (exit status 2), as opposed to bad input files (1).
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    /// Neither a configuration nor an allowlist.
+    #[error("give --allowlist FILE (standalone gateway) or --config FILE (sandbox session)")]
+    NoPolicy,
+    /// Standalone mode needs an answer address.
+    #[error("--answer IPV4 is required without --config: it is the address DNS gives for allowlisted names (this gateway's own address)")]
+    NoAnswer,
+    /// `--forward` for an entry the allowlist does not have.
+    #[error("--forward {0}:{1}=...: the allowlist has no entry {0}:{1}")]
+    UnknownForward(HostName, u16),
+}
+
+/// What went wrong while building the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Exit status 2.
+    #[error(transparent)]
+    Usage(#[from] UsageError),
+    /// Exit status 1: the allowlist does not parse.
+    #[error(transparent)]
+    Allowlist(#[from] agent_sandbox_shared::AllowlistError),
+    /// Exit status 1: the configuration file is unreadable or invalid.
+    #[error(transparent)]
+    Config(#[from] agent_sandbox_shared::config::ConfigError),
+}
+
+/// The configuration the flags describe, and any allowlist warnings to show.
+#[derive(Debug)]
+pub struct Built {
+    /// The merged configuration (not yet validated).
+    pub config: RouterConfig,
+    /// Allowlist warnings (duplicates, covered entries), already formatted with file and line.
+    pub warnings: Vec<String>,
+}
+
+impl Cli {
+    /// Merges `--config` and the flags (flags win) into one configuration.
+    pub fn build_config(&self) -> Result<Built, BuildError> {
+        let mut warnings = Vec::new();
+        let mut config = match &self.config {
+            Some(path) => RouterConfig::load(path)?,
+            None => {
+                if self.allowlist.is_none() {
+                    return Err(UsageError::NoPolicy.into());
+                }
+                let answer = self.answer.ok_or(UsageError::NoAnswer)?;
+                let mut c = RouterConfig::from_policy(&Policy::default(), answer);
+                c.listen.dns = Some(DEFAULT_DNS);
+                c.listen.http = Some(DEFAULT_HTTP);
+                c.listen.https = Some(DEFAULT_HTTPS);
+                c
+            }
+        };
+
+        if let Some(path) = &self.allowlist {
+            let list = Allowlist::load(path)?;
+            warnings.extend(
+                list.warnings()
+                    .iter()
+                    .map(|w| format!("{}:{}", path.display(), w)),
+            );
+            let policy = Policy::new(&list);
+            let previous = std::mem::take(&mut config.forwards);
+            let fresh = RouterConfig::from_policy(&policy, config.answers.default);
+            config.hosts = fresh.hosts;
+            config.subdomains = fresh.subdomains;
+            for entry in policy.entries() {
+                if let Entry::Port(host, port) = entry {
+                    let listen = previous
+                        .iter()
+                        .find(|f| f.host == host.as_str() && f.port == port)
+                        .map_or(
+                            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+                            |f| f.listen,
+                        );
+                    config.forwards.push(ForwardConfig {
+                        host: host.to_string(),
+                        port,
+                        listen,
+                    });
+                }
+            }
+        }
+
+        if let Some(answer) = self.answer {
+            // Flags win: with --answer every allowlisted name gets this one address.
+            config.answers.default = answer;
+            config.answers.hosts.clear();
+        }
+        if let Some(a) = self.dns {
+            config.listen.dns = Some(a);
+        }
+        if let Some(a) = self.http {
+            config.listen.http = Some(a);
+        }
+        if let Some(a) = self.https {
+            config.listen.https = Some(a);
+        }
+        if !self.resolvers.is_empty() {
+            config.resolvers.clone_from(&self.resolvers);
+        }
+        for f in &self.forwards {
+            let slot = config
+                .forwards
+                .iter_mut()
+                .find(|c| c.host == f.host.as_str() && c.port == f.port)
+                .ok_or_else(|| UsageError::UnknownForward(f.host.clone(), f.port))?;
+            slot.listen = f.listen;
+        }
+        if let Some(t) = self.peek_timeout {
+            config.peek_timeout_secs = t;
+        }
+        if let Some(n) = self.max_connections {
+            config.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        Ok(Built { config, warnings })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("agent-sandbox-router").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[test]
+    fn forward_flag_syntax() {
+        let f = parse_forward("DB.example.com:5432=127.0.0.1:15432").unwrap();
+        assert_eq!(f.host.as_str(), "db.example.com");
+        assert_eq!(f.port, 5432);
+        assert_eq!(f.listen, "127.0.0.1:15432".parse().unwrap());
+        for bad in [
+            "db:5432",
+            "db.example.com=1.2.3.4:1",
+            "db.example.com:0=1.2.3.4:1",
+            "1.2.3.4:22=1.2.3.4:1",
+            "db.x:22=host:1",
+        ] {
+            assert!(parse_forward(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn resolver_syntax() {
+        assert_eq!(
+            parse_resolver("10.0.0.1").unwrap(),
+            "10.0.0.1:53".parse().unwrap()
+        );
+        assert_eq!(
+            parse_resolver("10.0.0.1:5353").unwrap(),
+            "10.0.0.1:5353".parse().unwrap()
+        );
+        assert_eq!(parse_resolver("::1").unwrap(), "[::1]:53".parse().unwrap());
+        assert_eq!(
+            parse_resolver("[::1]:54").unwrap(),
+            "[::1]:54".parse().unwrap()
+        );
+        assert!(parse_resolver("dns.google").is_err());
+    }
+
+    #[test]
+    fn standalone_needs_allowlist_and_answer() {
+        assert!(matches!(
+            cli(&[]).build_config(),
+            Err(BuildError::Usage(UsageError::NoPolicy))
+        ));
+        assert!(matches!(
+            cli(&["--allowlist", "/nonexistent"]).build_config(),
+            Err(BuildError::Usage(UsageError::NoAnswer))
+        ));
+    }
+}

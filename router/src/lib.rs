@@ -1,0 +1,221 @@
+//! agent-sandbox-router: the only way out of a sandbox session, and a standalone egress allowlist gateway.
+//!
+//! How it fits: the launcher writes a [`RouterConfig`](agent_sandbox_shared::RouterConfig) from the
+//! session plan and starts this binary on the session's internal network and the shared egress network;
+//! the standalone gateway builds the same configuration from flags ([`cli`]). [`bind`] opens every listener
+//! (so a bad address fails before anything is served), then [`run`] serves DNS ([`dns`]) and the TLS, HTTP
+//! and host:port listeners ([`proxy`]) until the shutdown token is cancelled.
+
+pub mod cli;
+pub mod dns;
+pub mod logging;
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_sandbox_shared::{HostName, ValidConfig};
+use anyhow::Context as _;
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use dns::DnsStats;
+
+/// How long in-flight work may take to finish after shutdown is requested. SIGTERM must exit within a
+/// second, so this stays well under it.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(400);
+
+/// Response buffer per DNS-over-TCP connection.
+const DNS_TCP_BUFFER: usize = 64;
+
+/// Every socket the router serves, bound before anything is served.
+#[derive(Debug)]
+pub struct Listeners {
+    /// DNS over UDP.
+    pub dns_udp: Option<UdpSocket>,
+    /// DNS over TCP.
+    pub dns_tcp: Option<TcpListener>,
+    /// HTTP, routed by Host.
+    pub http: Option<TcpListener>,
+    /// TLS, routed by SNI.
+    pub https: Option<TcpListener>,
+    /// One listener per host:port entry.
+    pub forwards: Vec<(HostName, u16, TcpListener)>,
+}
+
+impl Listeners {
+    /// Each listener's bound address and protocol, for the "listening on" lines and tests.
+    #[must_use]
+    pub fn addresses(&self) -> Vec<(SocketAddr, String)> {
+        let mut out = Vec::new();
+        let mut push = |addr: std::io::Result<SocketAddr>, proto: String| {
+            if let Ok(a) = addr {
+                out.push((a, proto));
+            }
+        };
+        if let Some(s) = &self.dns_udp {
+            push(s.local_addr(), "dns/udp".into());
+        }
+        if let Some(s) = &self.dns_tcp {
+            push(s.local_addr(), "dns/tcp".into());
+        }
+        if let Some(s) = &self.http {
+            push(s.local_addr(), "http".into());
+        }
+        if let Some(s) = &self.https {
+            push(s.local_addr(), "https".into());
+        }
+        for (host, port, l) in &self.forwards {
+            push(l.local_addr(), format!("forward {host}:{port}"));
+        }
+        out
+    }
+}
+
+/// Binds every listener of the configuration; the error names the address that failed.
+pub async fn bind(config: &ValidConfig) -> anyhow::Result<Listeners> {
+    let listen = &config.raw.listen;
+    let mut listeners = Listeners {
+        dns_udp: None,
+        dns_tcp: None,
+        http: None,
+        https: None,
+        forwards: Vec::new(),
+    };
+    if let Some(addr) = listen.dns {
+        let udp = UdpSocket::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?;
+        // Port 0 in tests: TCP takes the port UDP was given, so one address serves both.
+        let tcp_addr = udp.local_addr().unwrap_or(addr);
+        let tcp = bind_tcp(tcp_addr)
+            .with_context(|| format!("cannot listen for DNS on {tcp_addr} (tcp)"))?;
+        listeners.dns_udp = Some(udp);
+        listeners.dns_tcp = Some(tcp);
+    }
+    if let Some(addr) = listen.http {
+        listeners.http =
+            Some(bind_tcp(addr).with_context(|| format!("cannot listen for HTTP on {addr}"))?);
+    }
+    if let Some(addr) = listen.https {
+        listeners.https =
+            Some(bind_tcp(addr).with_context(|| format!("cannot listen for TLS on {addr}"))?);
+    }
+    for (host, port, addr) in &config.forwards {
+        let l = bind_tcp(*addr)
+            .with_context(|| format!("cannot listen for the entry {host}:{port} on {addr}"))?;
+        listeners.forwards.push((host.clone(), *port, l));
+    }
+    Ok(listeners)
+}
+
+/// A TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT) and a deep backlog.
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Serves every listener until `shutdown` is cancelled, then stops within [`SHUTDOWN_GRACE`].
+pub async fn run(
+    config: ValidConfig,
+    listeners: Listeners,
+    stats: Arc<DnsStats>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let policy = Arc::new(config.policy.clone());
+    let mut tasks = JoinSet::new();
+
+    let mut dns_server = None;
+    if listeners.dns_udp.is_some() || listeners.dns_tcp.is_some() {
+        let handler = dns::DnsHandler::new(&config, Arc::clone(&policy), stats);
+        let mut server = hickory_server::Server::new(handler);
+        if let Some(udp) = listeners.dns_udp {
+            server.register_socket(udp);
+        }
+        if let Some(tcp) = listeners.dns_tcp {
+            server.register_listener(
+                tcp,
+                Duration::from_secs(config.raw.peek_timeout_secs),
+                DNS_TCP_BUFFER,
+            );
+        }
+        dns_server = Some(server);
+    }
+
+    let _ = &mut tasks as &mut JoinSet<()>;
+    shutdown.cancelled().await;
+    info!("shutting down");
+    let drain = async {
+        if let Some(server) = dns_server.as_mut() {
+            if let Err(error) = server.shutdown_gracefully().await {
+                warn!(%error, "DNS server did not stop cleanly");
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
+        warn!("in-flight work did not finish in time; dropping it");
+    }
+    Ok(())
+}
+
+/// A human-readable description of the effective configuration, for `--check`.
+#[must_use]
+pub fn describe(config: &ValidConfig) -> String {
+    let raw = &config.raw;
+    let mut out = String::new();
+    let _ = writeln!(out, "listeners:");
+    let opt = |a: Option<SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let _ = writeln!(out, "  dns    {} (udp, tcp)", opt(raw.listen.dns));
+    let _ = writeln!(out, "  http   {}", opt(raw.listen.http));
+    let _ = writeln!(out, "  https  {}", opt(raw.listen.https));
+    for (host, port, addr) in &config.forwards {
+        let _ = writeln!(out, "  {addr}  -> {host}:{port} (host:port entry)");
+    }
+    let _ = writeln!(out, "allowed names (DNS answer, TTL {}s):", raw.answers.ttl);
+    if config.policy.is_empty() {
+        let _ = writeln!(
+            out,
+            "  (none: every name is NXDOMAIN and nothing is forwarded)"
+        );
+    }
+    for host in config.policy.exact_hosts() {
+        let answer = config
+            .host_answers
+            .get(host)
+            .unwrap_or(&raw.answers.default);
+        let _ = writeln!(out, "  {:<40} A {answer}", host.as_str());
+    }
+    for apex in config.policy.subdomain_apexes() {
+        let _ = writeln!(
+            out,
+            "  {:<40} A {}",
+            format!(".{apex} (and subdomains)"),
+            raw.answers.default
+        );
+    }
+    let resolvers = if raw.resolvers.is_empty() {
+        "system (/etc/resolv.conf, /etc/hosts)".to_owned()
+    } else {
+        raw.resolvers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out, "upstream resolvers: {resolvers}");
+    let _ = writeln!(
+        out,
+        "limits: peek timeout {}s, connect timeout {}s, {} connections",
+        raw.peek_timeout_secs, raw.connect_timeout_secs, raw.max_connections
+    );
+    out
+}

@@ -1,0 +1,236 @@
+//! The router's command line: `--check`, exit statuses and error messages, run as the real binary.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{temp_dir, write_file};
+
+fn router(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"))
+        .args(args)
+        .output()
+        .expect("run router")
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_prints_the_effective_plan() {
+    let dir = temp_dir("cli");
+    let list = write_file(
+        &dir,
+        "allowed-hosts",
+        "api.anthropic.com\n.example.com\ndb.example.com:5432\n",
+    );
+    let out = router(&[
+        "--allowlist",
+        list.to_str().unwrap(),
+        "--answer",
+        "192.0.2.1",
+        "--forward",
+        "db.example.com:5432=127.0.0.1:15432",
+        "--resolver",
+        "192.0.2.53",
+        "--peek-timeout",
+        "3",
+        "--check",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for needle in [
+        "dns    0.0.0.0:53",
+        "http   0.0.0.0:80",
+        "https  0.0.0.0:443",
+        "127.0.0.1:15432  -> db.example.com:5432",
+        "api.anthropic.com",
+        ".example.com (and subdomains)",
+        "A 192.0.2.1",
+        "upstream resolvers: 192.0.2.53:53",
+        "peek timeout 3s",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} missing from:\n{stdout}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_allowlist_exits_1_with_every_error_and_its_line() {
+    let dir = temp_dir("cli");
+    let list = write_file(
+        &dir,
+        "allowed-hosts",
+        "ok.example\n10.0.0.1\n*.example.com\n.x.com:22\n",
+    );
+    let out = router(&[
+        "--allowlist",
+        list.to_str().unwrap(),
+        "--answer",
+        "192.0.2.1",
+        "--check",
+    ]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let path = list.display().to_string();
+    for line in [2, 3, 4] {
+        assert!(
+            stderr.contains(&format!("{path}:{line}:")),
+            "line {line} missing:\n{stderr}"
+        );
+    }
+    assert!(stderr.contains("write `.example.com`"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = temp_dir("cli");
+    let list = write_file(&dir, "allowed-hosts", "db.example.com:5432\n");
+    let l = list.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--bogus"], "--bogus"),
+        (&[], "--allowlist"),
+        (&["--allowlist", l], "--answer"),
+        (&["--allowlist", l, "--answer", "not-an-ip"], "not-an-ip"),
+        (
+            &[
+                "--allowlist",
+                l,
+                "--answer",
+                "192.0.2.1",
+                "--forward",
+                "other.example.com:5432=127.0.0.1:1",
+            ],
+            "no entry other.example.com:5432",
+        ),
+        (
+            &[
+                "--allowlist",
+                l,
+                "--answer",
+                "192.0.2.1",
+                "--forward",
+                "garbage",
+            ],
+            "HOST:PORT=ADDR",
+        ),
+        (
+            &[
+                "--allowlist",
+                l,
+                "--answer",
+                "192.0.2.1",
+                "--resolver",
+                "dns.google",
+            ],
+            "dns.google",
+        ),
+        (
+            &[
+                "--allowlist",
+                l,
+                "--answer",
+                "192.0.2.1",
+                "--peek-timeout",
+                "0",
+            ],
+            "peek-timeout",
+        ),
+        (
+            &[
+                "--allowlist",
+                l,
+                "--answer",
+                "192.0.2.1",
+                "--log-format",
+                "xml",
+            ],
+            "xml",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = router(args);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} missing from {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn conflicting_listeners_exit_1() {
+    let dir = temp_dir("cli");
+    let list = write_file(
+        &dir,
+        "allowed-hosts",
+        "db.example.com:443\nssh.example.com:22\n",
+    );
+    let out = router(&[
+        "--allowlist",
+        list.to_str().unwrap(),
+        "--answer",
+        "192.0.2.1",
+        "--forward",
+        "ssh.example.com:22=0.0.0.0:443",
+        "--check",
+    ]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("would both listen on 0.0.0.0:443"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bind_failure_names_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = temp_dir("cli");
+    let list = write_file(&dir, "allowed-hosts", "api.anthropic.com\n");
+    let out = router(&[
+        "--allowlist",
+        list.to_str().unwrap(),
+        "--answer",
+        "192.0.2.1",
+        "--dns",
+        "127.0.0.1:0",
+        "--http",
+        &addr,
+        "--https",
+        "127.0.0.1:0",
+    ]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen for HTTP on {addr}")),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_config_file_exits_1() {
+    let dir = temp_dir("cli");
+    let cfg = write_file(&dir, "router.toml", "hosts = [\"a.com\"]\nbogus = true\n");
+    let out = router(&["--config", cfg.to_str().unwrap(), "--check"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&cfg.display().to_string()), "{stderr}");
+    let missing = router(&["--config", "/nonexistent/router.toml", "--check"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing).1.contains("/nonexistent/router.toml"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
