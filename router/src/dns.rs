@@ -8,7 +8,7 @@
 //! answering needs no I/O beyond the reply.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -70,7 +70,8 @@ impl DnsHandler {
 }
 
 /// What to reply, decided before anything is encoded.
-enum Reply {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
     /// An A record for the question's name.
     Address(Ipv4Addr),
     /// NOERROR with no records.
@@ -79,53 +80,79 @@ enum Reply {
     Error(ResponseCode),
 }
 
+impl DnsHandler {
+    /// The whole policy for one well-formed question; both the UDP fast path and hickory's TCP path
+    /// call it, so the two cannot disagree. `asked` is the name as it came off the wire.
+    pub(crate) fn decide(
+        &self,
+        asked: &str,
+        qtype: RecordType,
+        qclass: DNSClass,
+        client: SocketAddr,
+    ) -> Reply {
+        if qclass != DNSClass::IN {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            info!(kind = "dns", name = %asked.escape_debug(), qtype = %qtype, class = %qclass,
+                  client = %client, reason = "not class IN", "refused");
+            return Reply::Error(ResponseCode::Refused);
+        }
+        match self.policy.decide(asked) {
+            Ok(name) => {
+                self.stats.answered.fetch_add(1, Ordering::Relaxed);
+                debug!(name = %name, qtype = %qtype, client = %client, "answered");
+                if qtype == RecordType::A {
+                    Reply::Address(self.answer_for(&name))
+                } else {
+                    Reply::NoData
+                }
+            }
+            Err(refusal) => {
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                info!(kind = "dns", name = %asked.escape_debug(), qtype = %qtype,
+                      client = %client, reason = %refusal, "refused");
+                Reply::Error(ResponseCode::NXDomain)
+            }
+        }
+    }
+
+    /// Counts and logs a request that is not one standard question.
+    fn reject(&self, client: SocketAddr, why: &str) {
+        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+        debug!(%client, why, "malformed DNS request");
+    }
+
+    /// The TTL of answers.
+    pub(crate) fn ttl(&self) -> u32 {
+        self.ttl
+    }
+}
+
+/// The handler as hickory-server holds it (DNS over TCP), sharing one [`DnsHandler`] with the UDP loops.
+#[derive(Debug)]
+pub struct SharedHandler(pub Arc<DnsHandler>);
+
 #[async_trait::async_trait]
-impl RequestHandler for DnsHandler {
+impl RequestHandler for SharedHandler {
     async fn handle_request<R: ResponseHandler, T: Time>(
         &self,
         request: &Request,
         mut response_handle: R,
     ) -> ResponseInfo {
+        let this = &self.0;
         let client = request.src();
         let queries = request.queries.queries();
         let reply = if request.metadata.message_type != MessageType::Query
             || request.metadata.op_code != OpCode::Query
         {
-            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            debug!(%client, op = ?request.metadata.op_code, "not a standard query");
+            this.reject(client, "not a standard query");
             Reply::Error(ResponseCode::NotImp)
         } else if queries.len() != 1 {
-            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            debug!(%client, questions = queries.len(), "not exactly one question");
+            this.reject(client, "not exactly one question");
             Reply::Error(ResponseCode::FormErr)
         } else {
             let query = &queries[0];
-            let qtype = query.query_type();
             let asked = query.original().name().to_ascii();
-            if query.query_class() != DNSClass::IN {
-                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                info!(kind = "dns", name = %asked.escape_debug(), qtype = %qtype, class = %query.query_class(),
-                      client = %client, reason = "not class IN", "refused");
-                Reply::Error(ResponseCode::Refused)
-            } else {
-                match self.policy.decide(&asked) {
-                    Ok(name) => {
-                        self.stats.answered.fetch_add(1, Ordering::Relaxed);
-                        debug!(name = %name, qtype = %qtype, client = %client, "answered");
-                        if qtype == RecordType::A {
-                            Reply::Address(self.answer_for(&name))
-                        } else {
-                            Reply::NoData
-                        }
-                    }
-                    Err(refusal) => {
-                        self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                        info!(kind = "dns", name = %asked.escape_debug(), qtype = %qtype,
-                              client = %client, reason = %refusal, "refused");
-                        Reply::Error(ResponseCode::NXDomain)
-                    }
-                }
-            }
+            this.decide(&asked, query.query_type(), query.query_class(), client)
         };
 
         let mut metadata = Metadata::response_from_request(&request.metadata);
@@ -135,7 +162,7 @@ impl RequestHandler for DnsHandler {
                 metadata.authoritative = true;
                 let record = Record::from_rdata(
                     queries[0].original().name().clone(),
-                    self.ttl,
+                    this.ttl,
                     RData::A(A(address)),
                 );
                 let response = builder.build(metadata, [&record], [], [], []);

@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod dns;
+mod dns_udp;
 pub mod logging;
 
 use std::fmt::Write as _;
@@ -34,8 +35,8 @@ const DNS_TCP_BUFFER: usize = 64;
 /// Every socket the router serves, bound before anything is served.
 #[derive(Debug)]
 pub struct Listeners {
-    /// DNS over UDP.
-    pub dns_udp: Option<UdpSocket>,
+    /// DNS over UDP: several sockets on one port (SO_REUSEPORT), one receive loop each.
+    pub dns_udp: Vec<UdpSocket>,
     /// DNS over TCP.
     pub dns_tcp: Option<TcpListener>,
     /// HTTP, routed by Host.
@@ -56,7 +57,7 @@ impl Listeners {
                 out.push((a, proto));
             }
         };
-        if let Some(s) = &self.dns_udp {
+        if let Some(s) = self.dns_udp.first() {
             push(s.local_addr(), "dns/udp".into());
         }
         if let Some(s) = &self.dns_tcp {
@@ -79,21 +80,24 @@ impl Listeners {
 pub async fn bind(config: &ValidConfig) -> anyhow::Result<Listeners> {
     let listen = &config.raw.listen;
     let mut listeners = Listeners {
-        dns_udp: None,
+        dns_udp: Vec::new(),
         dns_tcp: None,
         http: None,
         https: None,
         forwards: Vec::new(),
     };
     if let Some(addr) = listen.dns {
-        let udp = UdpSocket::bind(addr)
-            .await
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let udp = dns_udp::bind_many(addr, cores)
             .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?;
         // Port 0 in tests: TCP takes the port UDP was given, so one address serves both.
-        let tcp_addr = udp.local_addr().unwrap_or(addr);
+        let tcp_addr = udp
+            .first()
+            .and_then(|s| s.local_addr().ok())
+            .unwrap_or(addr);
         let tcp = bind_tcp(tcp_addr)
             .with_context(|| format!("cannot listen for DNS on {tcp_addr} (tcp)"))?;
-        listeners.dns_udp = Some(udp);
+        listeners.dns_udp = udp;
         listeners.dns_tcp = Some(tcp);
     }
     if let Some(addr) = listen.http {
@@ -133,20 +137,22 @@ pub async fn run(
     let policy = Arc::new(config.policy.clone());
     let mut tasks = JoinSet::new();
 
+    let handler = Arc::new(dns::DnsHandler::new(&config, Arc::clone(&policy), stats));
+    for udp in listeners.dns_udp {
+        tasks.spawn(dns_udp::serve(
+            Arc::new(udp),
+            Arc::clone(&handler),
+            shutdown.child_token(),
+        ));
+    }
     let mut dns_server = None;
-    if listeners.dns_udp.is_some() || listeners.dns_tcp.is_some() {
-        let handler = dns::DnsHandler::new(&config, Arc::clone(&policy), stats);
-        let mut server = hickory_server::Server::new(handler);
-        if let Some(udp) = listeners.dns_udp {
-            server.register_socket(udp);
-        }
-        if let Some(tcp) = listeners.dns_tcp {
-            server.register_listener(
-                tcp,
-                Duration::from_secs(config.raw.peek_timeout_secs),
-                DNS_TCP_BUFFER,
-            );
-        }
+    if let Some(tcp) = listeners.dns_tcp {
+        let mut server = hickory_server::Server::new(dns::SharedHandler(Arc::clone(&handler)));
+        server.register_listener(
+            tcp,
+            Duration::from_secs(config.raw.peek_timeout_secs),
+            DNS_TCP_BUFFER,
+        );
         dns_server = Some(server);
     }
 

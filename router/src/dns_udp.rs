@@ -1,0 +1,343 @@
+//! DNS over UDP without per-query tasks or channels: the hot path.
+//!
+//! hickory-server spawns a task and goes through a channel for every datagram, which halves the query
+//! rate on a two-core machine. A sandbox asks one question at a time, always of the same small shape, so
+//! this module parses that shape directly from the datagram (header, one question, at most one EDNS OPT
+//! record), asks [`DnsHandler::decide`] (the same decision the TCP path uses), and writes the reply into
+//! a reused buffer. Anything else gets FORMERR or NOTIMP; responses (QR set) and runts are dropped, so the
+//! router can never be used to reflect traffic. Several sockets share the port with SO_REUSEPORT, one
+//! receive loop each, so every core answers.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::{DNSClass, RecordType};
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::dns::{DnsHandler, Reply};
+
+/// The largest datagram read; anything longer is truncated by the kernel and fails to parse.
+const MAX_DATAGRAM: usize = 4096;
+/// The header's length.
+const HEADER: usize = 12;
+/// The UDP payload size we advertise in EDNS replies (the DNS-flag-day value).
+const EDNS_PAYLOAD: u16 = 1232;
+/// The OPT pseudo-record type.
+const TYPE_OPT: u16 = 41;
+
+/// A parsed question: where it ends in the packet and what it asks.
+#[derive(Debug, PartialEq, Eq)]
+struct Question {
+    /// The name as dotted text, with the trailing dot, exactly as asked (case kept).
+    name: String,
+    qtype: u16,
+    qclass: u16,
+    /// Offset just past QCLASS: the reply copies `packet[..end]` (header and question).
+    end: usize,
+    /// The query carried an EDNS OPT record, so the reply must carry one too (RFC 6891).
+    edns: bool,
+}
+
+/// Why a datagram is not answered normally.
+#[derive(Debug, PartialEq, Eq)]
+enum Malformed {
+    /// No reply at all: shorter than a header, or a response (answering would reflect).
+    Drop,
+    /// Reply with this code and no question (the question could not be read).
+    Code(ResponseCode),
+}
+
+/// Reads the one question of a standard query.
+fn parse(packet: &[u8]) -> Result<Question, Malformed> {
+    if packet.len() < HEADER {
+        return Err(Malformed::Drop);
+    }
+    let flags = u16::from_be_bytes([packet[2], packet[3]]);
+    if flags & 0x8000 != 0 {
+        return Err(Malformed::Drop);
+    }
+    let opcode = (flags >> 11) & 0xf;
+    if opcode != 0 {
+        return Err(Malformed::Code(ResponseCode::NotImp));
+    }
+    let count = |i: usize| u16::from_be_bytes([packet[i], packet[i + 1]]);
+    let (qd, an, ns, ar) = (count(4), count(6), count(8), count(10));
+    if qd != 1 || an != 0 || ns != 0 || ar > 1 {
+        return Err(Malformed::Code(ResponseCode::FormErr));
+    }
+    let formerr = Malformed::Code(ResponseCode::FormErr);
+
+    let mut name = String::with_capacity(64);
+    let mut at = HEADER;
+    loop {
+        let len = *packet
+            .get(at)
+            .ok_or(Malformed::Code(ResponseCode::FormErr))? as usize;
+        at += 1;
+        if len == 0 {
+            break;
+        }
+        // Compression pointers (0xC0) and the reserved label types have no place in a question.
+        if len > 63 {
+            return Err(formerr);
+        }
+        let label = packet
+            .get(at..at + len)
+            .ok_or(Malformed::Code(ResponseCode::FormErr))?;
+        // Bytes outside the hostname alphabet (a dot inside a label, NUL, ...) are kept visible by
+        // escaping, so the policy sees them and refuses the name rather than a different name.
+        for &b in label {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                name.push(b as char);
+            } else {
+                name.push_str(&format!("\\{b:03}"));
+            }
+        }
+        name.push('.');
+        at += len;
+        if at - HEADER > 255 {
+            return Err(formerr);
+        }
+    }
+    if name.is_empty() {
+        name.push('.');
+    }
+    let fixed = packet
+        .get(at..at + 4)
+        .ok_or(Malformed::Code(ResponseCode::FormErr))?;
+    let qtype = u16::from_be_bytes([fixed[0], fixed[1]]);
+    let qclass = u16::from_be_bytes([fixed[2], fixed[3]]);
+    let end = at + 4;
+
+    let mut edns = false;
+    if ar == 1 {
+        // The OPT record: root name, type 41, then class/TTL/rdlength and options we ignore.
+        let rr = packet
+            .get(end..end + 11)
+            .ok_or(Malformed::Code(ResponseCode::FormErr))?;
+        if rr[0] != 0 || u16::from_be_bytes([rr[1], rr[2]]) != TYPE_OPT {
+            return Err(formerr);
+        }
+        let rdlen = u16::from_be_bytes([rr[9], rr[10]]) as usize;
+        if end + 11 + rdlen != packet.len() {
+            return Err(formerr);
+        }
+        edns = true;
+    } else if end != packet.len() {
+        return Err(formerr);
+    }
+    Ok(Question {
+        name,
+        qtype,
+        qclass,
+        end,
+        edns,
+    })
+}
+
+/// Writes the reply to `packet` into `out`; returns false when nothing is to be sent.
+fn respond(handler: &DnsHandler, packet: &[u8], client: SocketAddr, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    let question = match parse(packet) {
+        Ok(q) => q,
+        Err(Malformed::Drop) => return false,
+        Err(Malformed::Code(code)) => {
+            // Header only: id, opcode and RD echoed, QR set, no sections.
+            out.extend_from_slice(&packet[..2]);
+            let flags = (u16::from_be_bytes([packet[2], packet[3]]) & 0x7900)
+                | 0x8000
+                | u16::from(code.low());
+            out.extend_from_slice(&flags.to_be_bytes());
+            out.extend_from_slice(&[0; 8]);
+            return true;
+        }
+    };
+    let reply = handler.decide(
+        &question.name,
+        RecordType::from(question.qtype),
+        DNSClass::from(question.qclass),
+        client,
+    );
+    let (code, answer, authoritative) = match reply {
+        Reply::Address(a) => (ResponseCode::NoError, Some(a), true),
+        Reply::NoData => (ResponseCode::NoError, None, true),
+        Reply::Error(code) => (code, None, code == ResponseCode::NXDomain),
+    };
+    out.extend_from_slice(&packet[..question.end]);
+    // QR, opcode 0, AA as decided, TC 0, RD echoed, RA 0, Z/AD 0, CD echoed, RCODE.
+    let request_flags = u16::from_be_bytes([packet[2], packet[3]]);
+    let flags = 0x8000
+        | if authoritative { 0x0400 } else { 0 }
+        | (request_flags & 0x0110)
+        | u16::from(code.low());
+    out[2..4].copy_from_slice(&flags.to_be_bytes());
+    out[6..8].copy_from_slice(&u16::from(answer.is_some()).to_be_bytes());
+    out[8..10].copy_from_slice(&[0, 0]);
+    out[10..12].copy_from_slice(&u16::from(question.edns).to_be_bytes());
+    if let Some(address) = answer {
+        write_a(out, handler.ttl(), address);
+    }
+    if question.edns {
+        out.push(0);
+        out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+        out.extend_from_slice(&EDNS_PAYLOAD.to_be_bytes());
+        out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    }
+    true
+}
+
+/// An A record whose name points at the question's name (offset 12).
+fn write_a(out: &mut Vec<u8>, ttl: u32, address: Ipv4Addr) {
+    out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+    out.extend_from_slice(&ttl.to_be_bytes());
+    out.extend_from_slice(&[0, 4]);
+    out.extend_from_slice(&address.octets());
+}
+
+/// Answers datagrams on `socket` until `shutdown` is cancelled.
+pub(crate) async fn serve(
+    socket: Arc<UdpSocket>,
+    handler: Arc<DnsHandler>,
+    shutdown: CancellationToken,
+) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut out = Vec::with_capacity(512);
+    loop {
+        let received = tokio::select! {
+            r = socket.recv_from(&mut buf) => r,
+            () = shutdown.cancelled() => return,
+        };
+        let (n, client) = match received {
+            Ok(r) => r,
+            Err(error) => {
+                // ICMP errors from earlier replies surface here (ECONNREFUSED): not fatal.
+                warn!(%error, "DNS receive error");
+                continue;
+            }
+        };
+        if respond(&handler, &buf[..n], client, &mut out) {
+            if let Err(error) = socket.send_to(&out, client).await {
+                warn!(%client, %error, "cannot send DNS reply");
+            }
+        }
+    }
+}
+
+/// Opens `count` UDP sockets on `addr` sharing the port (SO_REUSEPORT), so each core gets its own
+/// receive queue. With `addr` port 0, the first socket's port is reused by the others.
+pub(crate) fn bind_many(addr: SocketAddr, count: usize) -> std::io::Result<Vec<UdpSocket>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut sockets = Vec::with_capacity(count);
+    let mut addr = addr;
+    for _ in 0..count.max(1) {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        // A deeper receive queue rides out bursts instead of dropping them.
+        let _ = socket.set_recv_buffer_size(4 * 1024 * 1024);
+        socket.bind(&addr.into())?;
+        if addr.port() == 0 {
+            if let Some(bound) = socket.local_addr()?.as_socket() {
+                addr = bound;
+            }
+        }
+        sockets.push(UdpSocket::from_std(socket.into())?);
+    }
+    Ok(sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn query(name: &[&[u8]], qtype: u16, extra: &[u8], ar: u16) -> Vec<u8> {
+        let mut p = vec![0xab, 0xcd, 0x01, 0x00, 0, 1, 0, 0, 0, 0];
+        p.extend_from_slice(&ar.to_be_bytes());
+        for l in name {
+            p.push(l.len() as u8);
+            p.extend_from_slice(l);
+        }
+        p.push(0);
+        p.extend_from_slice(&qtype.to_be_bytes());
+        p.extend_from_slice(&[0, 1]);
+        p.extend_from_slice(extra);
+        p
+    }
+
+    #[test]
+    fn parses_plain_and_edns_queries() {
+        let q = parse(&query(&[b"WWW", b"example", b"com"], 1, &[], 0)).unwrap();
+        assert_eq!(q.name, "WWW.example.com.");
+        assert_eq!((q.qtype, q.qclass, q.edns), (1, 1, false));
+        let opt = [0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 0];
+        let q = parse(&query(&[b"a", b"b"], 28, &opt, 1)).unwrap();
+        assert!(q.edns);
+        // OPT with an option (a cookie) is skipped whole.
+        let mut opt_cookie = vec![0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 12, 0, 10, 0, 8];
+        opt_cookie.extend_from_slice(&[1; 8]);
+        assert!(
+            parse(&query(&[b"a", b"b"], 1, &opt_cookie, 1))
+                .unwrap()
+                .edns
+        );
+    }
+
+    #[test]
+    fn odd_bytes_are_escaped_not_dropped() {
+        let q = parse(&query(&[b"www.evil", b"example", b"com"], 1, &[], 0)).unwrap();
+        assert_eq!(q.name, "www\\046evil.example.com.");
+        let q = parse(&query(&[b"a\0b", b"com"], 1, &[], 0)).unwrap();
+        assert_eq!(q.name, "a\\000b.com.");
+    }
+
+    #[test]
+    fn malformed_shapes() {
+        let good = query(&[b"a", b"com"], 1, &[], 0);
+        assert_eq!(parse(&good[..11]), Err(Malformed::Drop));
+        let mut response = good.clone();
+        response[2] |= 0x80;
+        assert_eq!(parse(&response), Err(Malformed::Drop));
+        let mut notify = good.clone();
+        notify[2] = 0x20;
+        assert_eq!(parse(&notify), Err(Malformed::Code(ResponseCode::NotImp)));
+        let formerr = Err(Malformed::Code(ResponseCode::FormErr));
+        let mut zero = good.clone();
+        zero[5] = 0;
+        assert_eq!(parse(&zero), formerr);
+        let mut two = good.clone();
+        two[5] = 2;
+        assert_eq!(parse(&two), formerr);
+        assert_eq!(parse(&good[..good.len() - 1]), formerr);
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert_eq!(parse(&trailing), formerr);
+        // A compression pointer in the question.
+        let mut ptr = good[..12].to_vec();
+        ptr.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+        assert_eq!(parse(&ptr), formerr);
+        // A name over 255 bytes.
+        let long: Vec<&[u8]> = vec![&[b'a'; 63][..]; 5];
+        assert_eq!(parse(&query(&long, 1, &[], 0)), formerr);
+        // An additional record that is not OPT.
+        let bogus = [0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0];
+        assert_eq!(parse(&query(&[b"a"], 1, &bogus, 1)), formerr);
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = parse(&bytes);
+        }
+
+        #[test]
+        fn never_panics_on_query_shaped_input(tail in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut p = vec![0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
+            p.extend_from_slice(&tail);
+            let _ = parse(&p);
+        }
+    }
+}
