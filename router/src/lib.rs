@@ -10,6 +10,7 @@ pub mod cli;
 pub mod dns;
 mod dns_udp;
 pub mod logging;
+pub mod proxy;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

@@ -1,0 +1,784 @@
+//! HTTP/1 request heads and body framing: pure functions over bytes, no I/O.
+//!
+//! How it fits: the HTTP listener parses each request head on a connection with [`parse_request_head`],
+//! decides on its Host, forwards the head, then forwards exactly the body the head announced, found with
+//! a [`BodyFramer`], before it parses the next head. Tracking request boundaries this way is what lets
+//! the router see (and refuse) a second request on a kept-alive connection that names another host.
+//!
+//! Heads that different parsers could read differently are refused rather than forwarded: several Host,
+//! Content-Length or Transfer-Encoding headers, Transfer-Encoding together with Content-Length, a transfer
+//! coding other than `chunked`, bare LF line endings in chunked framing, absolute-form targets naming
+//! another host, `CONNECT`, and HTTP/2 (the prior-knowledge preface, or an `h2c` upgrade).
+
+/// The largest request (or response) head accepted.
+pub const MAX_HEAD_LEN: usize = 64 * 1024;
+
+/// The most header fields in a head.
+const MAX_HEADERS: usize = 128;
+
+/// The longest chunk-size line (size, extensions, CRLF).
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// The most bytes of trailer fields after the last chunk.
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Why a request head is refused; [`HeadError::status`] gives the response.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    /// The head is larger than [`MAX_HEAD_LEN`].
+    #[error("request head larger than {} bytes", MAX_HEAD_LEN)]
+    TooLarge,
+    /// More than [`MAX_HEADERS`] fields.
+    #[error("more than {} header fields", MAX_HEADERS)]
+    TooManyHeaders,
+    /// httparse refused the syntax.
+    #[error("malformed request head ({0})")]
+    Malformed(String),
+    /// The HTTP/2 prior-knowledge preface.
+    #[error("HTTP/2 prior knowledge (h2c) is not supported")]
+    Http2Preface,
+    /// An `Upgrade: h2c` request or an `HTTP2-Settings` field.
+    #[error("upgrade to HTTP/2 (h2c) is not supported")]
+    H2cUpgrade,
+    /// The `CONNECT` method.
+    #[error("CONNECT is not supported")]
+    Connect,
+    /// No Host field.
+    #[error("no Host header")]
+    NoHost,
+    /// More than one Host field.
+    #[error("several Host headers")]
+    SeveralHosts,
+    /// A Host that is not UTF-8 text.
+    #[error("Host header is not text")]
+    HostNotText,
+    /// A target that is neither origin-form, `*` (for OPTIONS) nor an http(s) absolute-form.
+    #[error("malformed request target")]
+    BadTarget,
+    /// More than one Content-Length field.
+    #[error("several Content-Length headers")]
+    SeveralContentLengths,
+    /// A Content-Length that is not a decimal number.
+    #[error("invalid Content-Length")]
+    BadContentLength,
+    /// More than one Transfer-Encoding field.
+    #[error("several Transfer-Encoding headers")]
+    SeveralTransferEncodings,
+    /// A transfer coding other than exactly `chunked`, or one in an HTTP/1.0 request.
+    #[error("unsupported Transfer-Encoding")]
+    UnsupportedTransferEncoding,
+    /// Both Transfer-Encoding and Content-Length.
+    #[error("both Transfer-Encoding and Content-Length")]
+    LengthConflict,
+    /// More than one Upgrade field.
+    #[error("several Upgrade headers")]
+    SeveralUpgrades,
+}
+
+impl HeadError {
+    /// The status line of the refusal.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        match self {
+            HeadError::Connect => Status::MethodNotAllowed,
+            HeadError::TooLarge | HeadError::TooManyHeaders => Status::HeaderTooLarge,
+            _ => Status::BadRequest,
+        }
+    }
+}
+
+/// The statuses the router itself answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// 400: a request the router will not try to interpret.
+    BadRequest,
+    /// 403: a host that is not on the allowlist (or resolves to a forbidden address).
+    Forbidden,
+    /// 405: CONNECT.
+    MethodNotAllowed,
+    /// 408: the head did not arrive within the peek timeout.
+    RequestTimeout,
+    /// 431: a head beyond the caps.
+    HeaderTooLarge,
+    /// 502: the upstream could not be reached.
+    BadGateway,
+}
+
+impl Status {
+    /// `code reason`.
+    #[must_use]
+    pub fn line(self) -> &'static str {
+        match self {
+            Status::BadRequest => "400 Bad Request",
+            Status::Forbidden => "403 Forbidden",
+            Status::MethodNotAllowed => "405 Method Not Allowed",
+            Status::RequestTimeout => "408 Request Timeout",
+            Status::HeaderTooLarge => "431 Request Header Fields Too Large",
+            Status::BadGateway => "502 Bad Gateway",
+        }
+    }
+}
+
+/// A complete response the router sends on its own behalf, always closing the connection.
+#[must_use]
+pub fn response(status: Status, body: &str) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nCache-Control: no-store\r\n",
+        status.line(),
+        body.len()
+    );
+    if status == Status::MethodNotAllowed {
+        out.push_str("Allow: GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, TRACE\r\n");
+    }
+    out.push_str("\r\n");
+    out.push_str(body);
+    out.into_bytes()
+}
+
+/// How a message's body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyLength {
+    /// No body.
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// A request head that parsed and passed the syntax checks (the Host is not decided yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Bytes of the head, CRLFCRLF included.
+    pub len: usize,
+    /// The method, as sent.
+    pub method: String,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub version: u8,
+    /// The Host value, whitespace-trimmed.
+    pub host: String,
+    /// The authority of an absolute-form target, if the target was one.
+    pub target_authority: Option<String>,
+    /// How the body is delimited.
+    pub body: BodyLength,
+    /// The Upgrade value, if any (never `h2c`).
+    pub upgrade: Option<String>,
+}
+
+/// Parses one request head from the start of `buf`. `Ok(None)`: incomplete (read more).
+pub fn parse_request_head<'b>(buf: &'b [u8]) -> Result<Option<RequestHead>, HeadError> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+    let n = buf.len().min(PREFACE.len());
+    if n >= 3 && buf[..n] == PREFACE[..n] {
+        return if n == PREFACE.len() {
+            Err(HeadError::Http2Preface)
+        } else {
+            Ok(None)
+        };
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            return if buf.len() >= MAX_HEAD_LEN {
+                Err(HeadError::TooLarge)
+            } else {
+                Ok(None)
+            };
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyHeaders),
+        Err(e) => return Err(HeadError::Malformed(e.to_string())),
+    };
+    if len > MAX_HEAD_LEN {
+        return Err(HeadError::TooLarge);
+    }
+    // Complete heads always carry these three.
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(HeadError::Malformed("incomplete request line".into()));
+    };
+    if method.eq_ignore_ascii_case("CONNECT") {
+        return Err(HeadError::Connect);
+    }
+
+    let mut host = None;
+    let mut content_length = None;
+    let mut transfer_encoding = None;
+    let mut upgrade = None;
+    for h in req.headers.iter() {
+        let name = h.name;
+        let once = |slot: &mut Option<&'b [u8]>, err: HeadError| {
+            if slot.is_some() {
+                Err(err)
+            } else {
+                *slot = Some(h.value);
+                Ok(())
+            }
+        };
+        if name.eq_ignore_ascii_case("host") {
+            once(&mut host, HeadError::SeveralHosts)?;
+        } else if name.eq_ignore_ascii_case("content-length") {
+            once(&mut content_length, HeadError::SeveralContentLengths)?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            once(&mut transfer_encoding, HeadError::SeveralTransferEncodings)?;
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            once(&mut upgrade, HeadError::SeveralUpgrades)?;
+        } else if name.eq_ignore_ascii_case("http2-settings") {
+            return Err(HeadError::H2cUpgrade);
+        }
+    }
+
+    let host = std::str::from_utf8(host.ok_or(HeadError::NoHost)?)
+        .map_err(|_| HeadError::HostNotText)?
+        .trim_matches([' ', '\t'])
+        .to_owned();
+
+    let target_authority = if target.starts_with('/') {
+        None
+    } else if target == "*" {
+        if !method.eq_ignore_ascii_case("OPTIONS") {
+            return Err(HeadError::BadTarget);
+        }
+        None
+    } else {
+        Some(absolute_form_authority(target)?.to_owned())
+    };
+
+    let body = match (transfer_encoding, content_length) {
+        (Some(_), Some(_)) => return Err(HeadError::LengthConflict),
+        (Some(te), None) => {
+            let te = trim(te);
+            if version == 0 || !te.eq_ignore_ascii_case(b"chunked") {
+                return Err(HeadError::UnsupportedTransferEncoding);
+            }
+            BodyLength::Chunked
+        }
+        (None, Some(cl)) => {
+            let cl = trim(cl);
+            if cl.is_empty() || cl.len() > 18 || !cl.iter().all(u8::is_ascii_digit) {
+                return Err(HeadError::BadContentLength);
+            }
+            let n = cl.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if n == 0 {
+                BodyLength::None
+            } else {
+                BodyLength::Length(n)
+            }
+        }
+        (None, None) => BodyLength::None,
+    };
+
+    let upgrade = match upgrade {
+        None => None,
+        Some(v) => {
+            let v = String::from_utf8_lossy(trim(v)).into_owned();
+            if v.split(',').any(|p| {
+                p.trim()
+                    .split('/')
+                    .next()
+                    .is_some_and(|t| t.eq_ignore_ascii_case("h2c"))
+            }) {
+                return Err(HeadError::H2cUpgrade);
+            }
+            Some(v)
+        }
+    };
+
+    Ok(Some(RequestHead {
+        len,
+        method: method.to_owned(),
+        version,
+        host,
+        target_authority,
+        body,
+        upgrade,
+    }))
+}
+
+/// The authority of an `http://` or `https://` absolute-form target. Userinfo is refused: it is the
+/// classic way to make two parsers disagree on the host.
+fn absolute_form_authority(target: &str) -> Result<&str, HeadError> {
+    let lower_prefix = |p: &str| {
+        target
+            .get(..p.len())
+            .is_some_and(|t| t.eq_ignore_ascii_case(p))
+    };
+    let rest = if lower_prefix("http://") {
+        &target[7..]
+    } else if lower_prefix("https://") {
+        &target[8..]
+    } else {
+        return Err(HeadError::BadTarget);
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    if authority.is_empty() || authority.contains(['@', '\\']) {
+        return Err(HeadError::BadTarget);
+    }
+    Ok(authority)
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .map_or(start, |e| e + 1);
+    &v[start..end.max(start)]
+}
+
+/// A response head, as much as the router needs: the status, and its length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// Bytes of the head.
+    pub len: usize,
+    /// The status code.
+    pub code: u16,
+}
+
+/// Parses a response head at the start of `buf`. `Ok(None)`: incomplete.
+pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => Ok(Some(ResponseHead {
+            len,
+            code: resp.code.unwrap_or(0),
+        })),
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_LEN => Err(HeadError::TooLarge),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => Err(HeadError::TooManyHeaders),
+        Err(e) => Err(HeadError::Malformed(e.to_string())),
+    }
+}
+
+/// Why a body's framing is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// A chunk-size line that is not hex digits followed by optional extensions and CRLF.
+    #[error("malformed chunk size line")]
+    ChunkSize,
+    /// A chunk size beyond 64 bits.
+    #[error("chunk size too large")]
+    ChunkTooLarge,
+    /// Chunk data not followed by CRLF.
+    #[error("chunk data not followed by CRLF")]
+    ChunkEnd,
+    /// A line longer than allowed.
+    #[error("chunk line or trailers too long")]
+    LineTooLong,
+    /// Trailer fields not terminated by CRLF.
+    #[error("malformed trailer")]
+    Trailer,
+}
+
+/// Where a [`BodyFramer`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    /// Counting down a Content-Length, or the data of a chunk.
+    Data { left: u64, chunked: bool },
+    /// The hex digits of a chunk size; `digits` so far.
+    Size { size: u64, digits: u8, line: usize },
+    /// After the size: extensions (anything but CR, LF and NUL) up to CR.
+    Extension { size: u64, line: usize },
+    /// Expecting the LF of a size line.
+    SizeLf { size: u64 },
+    /// Expecting the CR after chunk data.
+    DataCr,
+    /// Expecting the LF after chunk data.
+    DataLf,
+    /// In the trailer section: `at_line_start`, bytes so far.
+    Trailer { at_line_start: bool, total: usize },
+    /// Expecting the LF of a trailer line (`empty`: the line was empty, ending the body).
+    TrailerLf { empty: bool, total: usize },
+    /// The body is complete.
+    Done,
+}
+
+/// Finds where a body ends, byte by byte, without buffering it.
+#[derive(Clone, Debug)]
+pub struct BodyFramer {
+    state: Framing,
+}
+
+impl BodyFramer {
+    /// A framer for a body of the given kind.
+    #[must_use]
+    pub fn new(length: BodyLength) -> BodyFramer {
+        let state = match length {
+            BodyLength::None | BodyLength::Length(0) => Framing::Done,
+            BodyLength::Length(n) => Framing::Data {
+                left: n,
+                chunked: false,
+            },
+            BodyLength::Chunked => Framing::Size {
+                size: 0,
+                digits: 0,
+                line: 0,
+            },
+        };
+        BodyFramer { state }
+    }
+
+    /// True once the whole body has been seen.
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.state == Framing::Done
+    }
+
+    /// Consumes body bytes from the start of `data`; returns how many belong to the body. Stops at the
+    /// end of the body (check [`BodyFramer::is_done`]); the remainder is the next message.
+    pub fn advance(&mut self, data: &[u8]) -> Result<usize, BodyError> {
+        let mut i = 0;
+        while i < data.len() {
+            match self.state {
+                Framing::Done => return Ok(i),
+                Framing::Data { left, chunked } => {
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(data.len() - i);
+                    i += take;
+                    let left = left - take as u64;
+                    self.state = match (left, chunked) {
+                        (0, false) => Framing::Done,
+                        (0, true) => Framing::DataCr,
+                        (left, chunked) => Framing::Data { left, chunked },
+                    };
+                    continue;
+                }
+                _ => {}
+            }
+            let b = data[i];
+            i += 1;
+            self.state = self.step(b)?;
+        }
+        Ok(i)
+    }
+
+    /// One byte of chunked framing.
+    fn step(&self, b: u8) -> Result<Framing, BodyError> {
+        Ok(match self.state {
+            Framing::Size { size, digits, line } => {
+                if line + 1 > MAX_CHUNK_LINE {
+                    return Err(BodyError::LineTooLong);
+                }
+                if let Some(d) = (b as char).to_digit(16) {
+                    if digits >= 16 {
+                        return Err(BodyError::ChunkTooLarge);
+                    }
+                    Framing::Size {
+                        size: size << 4 | u64::from(d),
+                        digits: digits + 1,
+                        line: line + 1,
+                    }
+                } else if digits == 0 {
+                    return Err(BodyError::ChunkSize);
+                } else if b == b'\r' {
+                    Framing::SizeLf { size }
+                } else if b == b';' || b == b' ' || b == b'\t' {
+                    Framing::Extension {
+                        size,
+                        line: line + 1,
+                    }
+                } else {
+                    return Err(BodyError::ChunkSize);
+                }
+            }
+            Framing::Extension { size, line } => {
+                if line + 1 > MAX_CHUNK_LINE {
+                    return Err(BodyError::LineTooLong);
+                }
+                match b {
+                    b'\r' => Framing::SizeLf { size },
+                    b'\n' | 0 => return Err(BodyError::ChunkSize),
+                    _ => Framing::Extension {
+                        size,
+                        line: line + 1,
+                    },
+                }
+            }
+            Framing::SizeLf { size } => {
+                if b != b'\n' {
+                    return Err(BodyError::ChunkSize);
+                }
+                if size == 0 {
+                    Framing::Trailer {
+                        at_line_start: true,
+                        total: 0,
+                    }
+                } else {
+                    Framing::Data {
+                        left: size,
+                        chunked: true,
+                    }
+                }
+            }
+            Framing::DataCr if b == b'\r' => Framing::DataLf,
+            Framing::DataLf if b == b'\n' => Framing::Size {
+                size: 0,
+                digits: 0,
+                line: 0,
+            },
+            Framing::DataCr | Framing::DataLf => return Err(BodyError::ChunkEnd),
+            Framing::Trailer {
+                at_line_start,
+                total,
+            } => {
+                if total + 1 > MAX_TRAILERS {
+                    return Err(BodyError::LineTooLong);
+                }
+                match b {
+                    b'\r' => Framing::TrailerLf {
+                        empty: at_line_start,
+                        total: total + 1,
+                    },
+                    b'\n' | 0 => return Err(BodyError::Trailer),
+                    _ => Framing::Trailer {
+                        at_line_start: false,
+                        total: total + 1,
+                    },
+                }
+            }
+            Framing::TrailerLf { empty, total } => {
+                if b != b'\n' {
+                    return Err(BodyError::Trailer);
+                }
+                if empty {
+                    Framing::Done
+                } else {
+                    Framing::Trailer {
+                        at_line_start: true,
+                        total: total + 1,
+                    }
+                }
+            }
+            // Handled by `advance`.
+            Framing::Data { .. } | Framing::Done => self.state,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn head(s: &str) -> Result<Option<RequestHead>, HeadError> {
+        parse_request_head(s.as_bytes())
+    }
+
+    #[test]
+    fn good_heads() {
+        let h = head("GET /x HTTP/1.1\r\nHost: Example.COM:8080 \r\n\r\nrest")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.host, "Example.COM:8080");
+        assert_eq!(
+            h.len,
+            "GET /x HTTP/1.1\r\nHost: Example.COM:8080 \r\n\r\n".len()
+        );
+        assert_eq!(h.body, BodyLength::None);
+        assert_eq!(h.target_authority, None);
+        let h = head("POST / HTTP/1.1\r\nhost: a.com\r\ncontent-length: 12\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyLength::Length(12));
+        let h = head("POST / HTTP/1.1\r\nHost: a.com\r\nTransfer-Encoding: Chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyLength::Chunked);
+        let h = head("GET http://a.com:80/p?q HTTP/1.1\r\nHost: a.com\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.target_authority.as_deref(), Some("a.com:80"));
+        let h = head("GET /chat HTTP/1.1\r\nHost: a.com\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.upgrade.as_deref(), Some("websocket"));
+        assert!(head("OPTIONS * HTTP/1.1\r\nHost: a.com\r\n\r\n")
+            .unwrap()
+            .is_some());
+        assert_eq!(head("GET / HTTP/1.1\r\nHost: a.com\r\n"), Ok(None));
+        assert_eq!(head("PRI * HT"), Ok(None));
+        assert_eq!(head("GE"), Ok(None));
+    }
+
+    #[test]
+    fn refused_heads() {
+        let cases: &[(&str, HeadError)] = &[
+            ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", HeadError::Http2Preface),
+            ("CONNECT a.com:443 HTTP/1.1\r\nHost: a.com:443\r\n\r\n", HeadError::Connect),
+            ("GET / HTTP/1.0\r\n\r\n", HeadError::NoHost),
+            ("GET / HTTP/1.1\r\n\r\n", HeadError::NoHost),
+            ("GET / HTTP/1.1\r\nHost: a.com\r\nHOST: b.com\r\n\r\n", HeadError::SeveralHosts),
+            ("GET / HTTP/1.1\r\nHost: a.com\r\nHost: a.com\r\n\r\n", HeadError::SeveralHosts),
+            ("GET a.com/ HTTP/1.1\r\nHost: a.com\r\n\r\n", HeadError::BadTarget),
+            ("GET * HTTP/1.1\r\nHost: a.com\r\n\r\n", HeadError::BadTarget),
+            ("GET http://u@b.com/ HTTP/1.1\r\nHost: a.com\r\n\r\n", HeadError::BadTarget),
+            ("GET http:/// HTTP/1.1\r\nHost: a.com\r\n\r\n", HeadError::BadTarget),
+            ("GET ftp://a.com/ HTTP/1.1\r\nHost: a.com\r\n\r\n", HeadError::BadTarget),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+                HeadError::SeveralContentLengths,
+            ),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", HeadError::BadContentLength),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1,1\r\n\r\n", HeadError::BadContentLength),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n", HeadError::BadContentLength),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                HeadError::BadContentLength,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                HeadError::LengthConflict,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                HeadError::SeveralTransferEncodings,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                HeadError::UnsupportedTransferEncoding,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n",
+                HeadError::UnsupportedTransferEncoding,
+            ),
+            (
+                "POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+                HeadError::UnsupportedTransferEncoding,
+            ),
+            ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n\r\n", HeadError::H2cUpgrade),
+            ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: foo, H2C\r\n\r\n", HeadError::H2cUpgrade),
+            ("GET / HTTP/1.1\r\nHost: a\r\nHTTP2-Settings: AAA\r\n\r\n", HeadError::H2cUpgrade),
+            (
+                "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: a\r\nUpgrade: b\r\n\r\n",
+                HeadError::SeveralUpgrades,
+            ),
+        ];
+        for (input, want) in cases {
+            assert_eq!(head(input), Err(want.clone()), "{input:?}");
+        }
+        // httparse's own refusals: space before colon, bare CR, NUL in a value, HTTP/2 version, obs-fold.
+        for input in [
+            "GET / HTTP/1.1\r\nHost : a.com\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\rb\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\0b\r\n\r\n",
+            "GET / HTTP/2.0\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nX: a\r\n b\r\nHost: a\r\n\r\n",
+            "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert!(
+                matches!(head(input), Err(HeadError::Malformed(_))),
+                "{input:?}: {:?}",
+                head(input)
+            );
+        }
+        let big = format!("GET / HTTP/1.1\r\nX: {}\r\n", "a".repeat(MAX_HEAD_LEN));
+        assert_eq!(head(&big), Err(HeadError::TooLarge));
+        let many: String = (0..200).map(|i| format!("X{i}: y\r\n")).collect();
+        assert_eq!(
+            head(&format!("GET / HTTP/1.1\r\n{many}\r\n")),
+            Err(HeadError::TooManyHeaders)
+        );
+        assert_eq!(HeadError::Connect.status(), Status::MethodNotAllowed);
+        assert_eq!(HeadError::NoHost.status(), Status::BadRequest);
+    }
+
+    fn frame(kind: BodyLength, data: &[u8]) -> Result<(usize, bool), BodyError> {
+        let mut f = BodyFramer::new(kind);
+        let n = f.advance(data)?;
+        Ok((n, f.is_done()))
+    }
+
+    #[test]
+    fn framing() {
+        assert_eq!(frame(BodyLength::Length(3), b"abcdef"), Ok((3, true)));
+        assert_eq!(frame(BodyLength::Length(10), b"abcdef"), Ok((6, false)));
+        assert_eq!(frame(BodyLength::None, b"abc"), Ok((0, true)));
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\nGET";
+        assert_eq!(frame(BodyLength::Chunked, body), Ok((body.len() - 3, true)));
+        let body = b"A\r\n0123456789\r\n0\r\nX-Trailer: 1\r\n\r\nnext";
+        assert_eq!(frame(BodyLength::Chunked, body), Ok((body.len() - 4, true)));
+        assert_eq!(frame(BodyLength::Chunked, b"5\r\nhel"), Ok((6, false)));
+        for (bad, want) in [
+            (&b"5\nhello\r\n0\r\n\r\n"[..], BodyError::ChunkSize),
+            (b"\r\n", BodyError::ChunkSize),
+            (b"-5\r\n", BodyError::ChunkSize),
+            (b"0x5\r\n", BodyError::ChunkSize),
+            (b"5\r\nhelloXX", BodyError::ChunkEnd),
+            (b"5\r\nhello\n0\r\n\r\n", BodyError::ChunkEnd),
+            (b"11111111111111111\r\n", BodyError::ChunkTooLarge),
+            (b"0\r\n\n", BodyError::Trailer),
+            (b"0\r\nX: y\n\r\n", BodyError::Trailer),
+            (b"5;a\nb\r\n", BodyError::ChunkSize),
+        ] {
+            assert_eq!(
+                frame(BodyLength::Chunked, bad),
+                Err(want),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn responses() {
+        let r = parse_response_head(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nxx",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.code, 101);
+        assert_eq!(r.len, 56);
+        assert_eq!(parse_response_head(b"HTTP/1.1 200"), Ok(None));
+        assert!(parse_response_head(b"garbage\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn refusal_response() {
+        let r = String::from_utf8(response(Status::Forbidden, "no")).unwrap();
+        assert!(r.starts_with("HTTP/1.1 403 Forbidden\r\n"));
+        assert!(r.contains("Content-Length: 2\r\n"));
+        assert!(r.ends_with("\r\n\r\nno"));
+    }
+
+    proptest! {
+        #[test]
+        fn heads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = parse_request_head(&bytes);
+            let _ = parse_response_head(&bytes);
+        }
+
+        #[test]
+        fn framing_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = frame(BodyLength::Chunked, &bytes);
+        }
+
+        #[test]
+        fn chunked_split_invariance(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 0..8),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let mut body = Vec::new();
+            for c in &chunks {
+                body.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                body.extend_from_slice(c);
+                body.extend_from_slice(b"\r\n");
+            }
+            body.extend_from_slice(b"0\r\n\r\n");
+            let whole = body.len();
+            body.extend_from_slice(b"GET / HTTP/1.1\r\n");
+            prop_assert_eq!(frame(BodyLength::Chunked, &body), Ok((whole, true)));
+            let cut = cut.index(body.len());
+            let mut f = BodyFramer::new(BodyLength::Chunked);
+            let a = f.advance(&body[..cut]).unwrap();
+            let b = if f.is_done() { 0 } else { f.advance(&body[cut..]).unwrap() };
+            prop_assert!(f.is_done());
+            prop_assert_eq!(a + b, whole);
+        }
+    }
+}

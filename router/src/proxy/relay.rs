@@ -1,0 +1,213 @@
+//! Moving bytes between the client and the upstream once a connection is decided.
+//!
+//! How it fits: every listener ends in [`pump`] (one direction) or [`relay`] (both). Each direction runs
+//! until its source reaches end of stream, then shuts down the write side of its destination (half-close:
+//! the other direction keeps flowing), so protocols that send a FIN and then wait for an answer work.
+//!
+//! On Linux the bytes go through a pipe with splice(2), never entering user space; if a pipe cannot be
+//! had (descriptor limits), a user-space copy through one buffer does the same job. Both work on shared
+//! `&TcpStream`s with tokio's readiness API, so the two directions need no split and no extra task.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Pipe capacity asked for; the default (64 KiB) is used if the kernel refuses.
+const PIPE_SIZE: libc::c_int = 256 * 1024;
+
+/// User-space copy buffer.
+const COPY_BUF: usize = 64 * 1024;
+
+/// A pipe for splice(2), closed on drop.
+#[derive(Debug)]
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    /// Bytes in the pipe not yet written out.
+    buffered: usize,
+}
+
+impl Pipe {
+    fn new() -> io::Result<Pipe> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into the array on success.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors are fresh and owned by nothing else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: F_SETPIPE_SZ on a pipe we own; failure just leaves the default size.
+        unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+        Ok(Pipe {
+            read,
+            write,
+            buffered: 0,
+        })
+    }
+}
+
+/// splice(2) between two descriptors, non-blocking.
+fn splice(from: libc::c_int, to: libc::c_int, len: usize) -> io::Result<usize> {
+    // SAFETY: plain syscall on descriptors owned by the caller; null offsets mean "current position".
+    let n = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Shuts down the write side of `stream`, passing a half-close on. Errors (the peer already gone) are
+/// irrelevant: the other direction notices on its own.
+pub(crate) fn shutdown_write(stream: &TcpStream) {
+    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
+}
+
+/// Copies `src` to `dst` until `src` ends (the caller passes the half-close on). Returns the bytes
+/// copied; `counter` grows as they go, so a connection's log line can report progress even if it is
+/// cut short.
+pub(crate) async fn pump(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
+    match Pipe::new() {
+        Ok(pipe) => pump_splice(src, dst, pipe, counter).await,
+        Err(_) => pump_copy(src, dst, counter).await,
+    }
+}
+
+async fn pump_splice(
+    src: &TcpStream,
+    dst: &TcpStream,
+    mut pipe: Pipe,
+    counter: &AtomicU64,
+) -> io::Result<u64> {
+    let mut total = 0u64;
+    loop {
+        // Fill only an empty pipe: then EAGAIN can only mean "socket not readable", which is what
+        // try_io needs to clear the right readiness.
+        let n = loop {
+            match src.try_io(Interest::READABLE, || {
+                splice(src.as_raw_fd(), pipe.write.as_raw_fd(), PIPE_SIZE as usize)
+            }) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => src.readable().await?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            return Ok(total);
+        }
+        pipe.buffered = n;
+        while pipe.buffered > 0 {
+            match dst.try_io(Interest::WRITABLE, || {
+                splice(pipe.read.as_raw_fd(), dst.as_raw_fd(), pipe.buffered)
+            }) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    pipe.buffered -= n;
+                    total += n as u64;
+                    counter.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+async fn pump_copy(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut total = 0u64;
+    loop {
+        let n = loop {
+            match src.try_read(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => src.readable().await?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            return Ok(total);
+        }
+        write_all(dst, &buf[..n]).await?;
+        total += n as u64;
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Writes all of `data` to a shared stream.
+pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        match dst.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads once from a shared stream into `buf` (appending); `Ok(0)` is end of stream.
+pub(crate) async fn read_some(src: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    let start = buf.len();
+    buf.resize(start + max, 0);
+    let result = loop {
+        match src.try_read(&mut buf[start..]) {
+            Ok(n) => break Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if let Err(e) = src.readable().await {
+                    break Err(e);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    buf.truncate(start + *result.as_ref().unwrap_or(&0));
+    result
+}
+
+/// Relays both directions until both have ended (or one fails). Returns bytes client→upstream and
+/// upstream→client.
+pub(crate) async fn relay(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    up: &AtomicU64,
+    down: &AtomicU64,
+) -> io::Result<()> {
+    let a = async {
+        pump(client, upstream, up).await?;
+        shutdown_write(upstream);
+        io::Result::Ok(())
+    };
+    let b = async {
+        pump(upstream, client, down).await?;
+        shutdown_write(client);
+        io::Result::Ok(())
+    };
+    tokio::pin!(a, b);
+    // The first error ends both directions: a reset on one side means the conversation is over.
+    let (mut a_done, mut b_done) = (false, false);
+    while !(a_done && b_done) {
+        tokio::select! {
+            r = &mut a, if !a_done => { r?; a_done = true; }
+            r = &mut b, if !b_done => { r?; b_done = true; }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,446 @@
+//! Resolving an allowed name and dialling it: the only place the router opens outbound connections.
+//!
+//! How it fits: once a listener has decided on a name, [`Upstream::connect`] resolves it with
+//! hickory-resolver (the configured servers, or the router's own /etc/resolv.conf and /etc/hosts), checks
+//! every address it got, and connects to exactly the addresses that passed, one after the other, within
+//! the connect timeout. The name is resolved fully qualified (with a trailing dot), so a search domain
+//! such as podman's `dns.podman` is never appended, and only when a connection needs it, so names under
+//! a wildcard entry never reach the upstream resolver from DNS queries alone. hickory's cache honours the
+//! records' TTLs.
+//!
+//! The address check is what defeats DNS rebinding: whatever an allowed name resolves to, the router never
+//! dials loopback, unspecified, link-local, multicast or broadcast addresses, nor any of its own addresses
+//! (which would reach its own listeners or services bound on the host side). IPv4-mapped IPv6 addresses are
+//! judged as the IPv4 address they carry. Private ranges stay allowed: internal names must work.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_sandbox_shared::HostName;
+use hickory_resolver::config::{
+    ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::TokioResolver;
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// How long the list of the router's own addresses is reused before it is read again.
+const OWN_ADDRESSES_TTL: Duration = Duration::from_secs(1);
+
+/// The shortest time given to one connection attempt when several addresses share the budget.
+const MIN_ATTEMPT: Duration = Duration::from_millis(500);
+
+/// Why no upstream connection was made.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The name did not resolve (NXDOMAIN, no records, resolver failure).
+    #[error("cannot resolve {name}: {message}")]
+    Resolve {
+        /// The name.
+        name: HostName,
+        /// hickory's message.
+        message: String,
+    },
+    /// Resolution took longer than the connect timeout.
+    #[error("resolving {0} timed out")]
+    ResolveTimeout(HostName),
+    /// An address the router never dials; nothing was dialled.
+    #[error("resolves to a forbidden address {addr} ({why})")]
+    Forbidden {
+        /// The offending address, as resolved.
+        addr: IpAddr,
+        /// Which rule it broke.
+        why: &'static str,
+    },
+    /// Every address was tried and none connected in time.
+    #[error("cannot connect to {name}: {attempts}")]
+    Connect {
+        /// The name.
+        name: HostName,
+        /// Each address and its error.
+        attempts: String,
+    },
+}
+
+impl DialError {
+    /// True when the failure is a policy refusal (logged as `refused`) rather than an upstream fault.
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, DialError::Forbidden { .. })
+    }
+}
+
+/// Why an address may never be dialled, or `None` when it may. `own` holds the router's own addresses.
+#[must_use]
+pub fn forbidden_reason(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static str> {
+    let ip = normalise(ip);
+    if own.contains(&ip) {
+        return Some("one of the router's own addresses");
+    }
+    match ip {
+        IpAddr::V4(v4) => forbidden_v4(v4),
+        IpAddr::V6(v6) => {
+            let seg = v6.segments();
+            if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_loopback() {
+                Some("loopback")
+            } else if seg[0] & 0xffc0 == 0xfe80 {
+                Some("link-local")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else if seg[..6] == [0; 6] {
+                // IPv4-compatible (deprecated): routes nowhere legitimate, and ::127.0.0.1 is a trick.
+                Some("IPv4-compatible IPv6")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn forbidden_v4(v4: Ipv4Addr) -> Option<&'static str> {
+    let o = v4.octets();
+    if o[0] == 0 {
+        Some("unspecified (0.0.0.0/8)")
+    } else if v4.is_loopback() {
+        Some("loopback")
+    } else if v4.is_link_local() {
+        Some("link-local")
+    } else if v4.is_multicast() {
+        Some("multicast")
+    } else if v4.is_broadcast() {
+        Some("broadcast")
+    } else if o[0] >= 240 {
+        Some("reserved (240.0.0.0/4)")
+    } else {
+        None
+    }
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as the IPv4 address it is.
+#[must_use]
+pub fn normalise(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+/// The addresses of every local interface (and each interface's IPv4 broadcast address), read with
+/// getifaddrs(3).
+pub fn local_addresses() -> std::io::Result<HashSet<IpAddr>> {
+    let mut out = HashSet::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we own and free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        // SAFETY: the address pointers are null or point to sockaddrs of the family they declare.
+        unsafe {
+            if let Some(ip) = sockaddr_ip(ifa.ifa_addr) {
+                out.insert(normalise(ip));
+            }
+            if ifa.ifa_flags & libc::IFF_BROADCAST as u32 != 0 {
+                if let Some(ip) = sockaddr_ip(ifa.ifa_ifu) {
+                    out.insert(normalise(ip));
+                }
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// The IP of a sockaddr, for AF_INET and AF_INET6.
+///
+/// # Safety
+/// `sa` is null or points to a sockaddr whose size matches its `sa_family`.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and valid per the caller; the casts follow sa_family.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let sin = &*(sa.cast::<libc::sockaddr_in>());
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa.cast::<libc::sockaddr_in6>());
+                Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The router's own addresses, re-read at most every [`OWN_ADDRESSES_TTL`] (interfaces can gain
+/// addresses after start), plus the listeners' addresses.
+#[derive(Debug)]
+struct OwnAddresses {
+    /// Addresses of the listeners this router serves (added as each serve_* starts).
+    listeners: Mutex<HashSet<IpAddr>>,
+    /// The last interface snapshot and when it was taken.
+    snapshot: Mutex<(Instant, Arc<HashSet<IpAddr>>)>,
+}
+
+impl OwnAddresses {
+    fn new() -> std::io::Result<OwnAddresses> {
+        Ok(OwnAddresses {
+            listeners: Mutex::new(HashSet::new()),
+            snapshot: Mutex::new((Instant::now(), Arc::new(local_addresses()?))),
+        })
+    }
+
+    /// The current set (interfaces and listeners).
+    fn current(&self) -> Arc<HashSet<IpAddr>> {
+        let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if snap.0.elapsed() >= OWN_ADDRESSES_TTL {
+            match local_addresses() {
+                Ok(mut set) => {
+                    set.extend(
+                        self.listeners
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .iter(),
+                    );
+                    *snap = (Instant::now(), Arc::new(set));
+                }
+                // Keep the previous set (and retry next time) rather than allow everything.
+                Err(error) => tracing::warn!(%error, "cannot list local addresses"),
+            }
+        }
+        Arc::clone(&snap.1)
+    }
+
+    fn add_listener(&self, ip: IpAddr) {
+        if ip.is_unspecified() {
+            return;
+        }
+        let ip = normalise(ip);
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ip);
+        let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if !snap.1.contains(&ip) {
+            let mut set = (*snap.1).clone();
+            set.insert(ip);
+            snap.1 = Arc::new(set);
+        }
+    }
+}
+
+/// Resolves and dials upstreams.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    /// hickory's resolver, with its TTL-honouring cache.
+    resolver: TokioResolver,
+    /// What the dial check refuses besides the fixed ranges.
+    own: OwnAddresses,
+    /// Budget for resolving and connecting, together.
+    connect_timeout: Duration,
+}
+
+/// Socket options both legs get: no Nagle delay (the router adds no latency to small writes) and TCP
+/// keepalive, so a peer that vanished does not pin a connection slot for ever.
+pub(crate) fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(6);
+    let _ = SockRef::from(stream).set_tcp_keepalive(&ka);
+}
+
+impl Upstream {
+    /// `resolvers` empty: the system configuration (/etc/resolv.conf and /etc/hosts).
+    pub(crate) fn new(
+        resolvers: &[SocketAddr],
+        connect_timeout: Duration,
+    ) -> anyhow::Result<Upstream> {
+        use anyhow::Context as _;
+        let mut builder = if resolvers.is_empty() {
+            TokioResolver::builder_tokio()
+                .context("cannot read the system resolver configuration (/etc/resolv.conf)")?
+        } else {
+            let servers = resolvers
+                .iter()
+                .map(|addr| {
+                    let mut udp = ConnectionConfig::udp();
+                    udp.port = addr.port();
+                    let mut tcp = ConnectionConfig::tcp();
+                    tcp.port = addr.port();
+                    NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
+                })
+                .collect();
+            let mut b = TokioResolver::builder_with_config(
+                ResolverConfig::from_parts(None, vec![], servers),
+                TokioRuntimeProvider::default(),
+            );
+            // Explicit servers are the whole truth: the router's /etc/hosts is not consulted.
+            b.options_mut().use_hosts_file = ResolveHosts::Never;
+            b
+        };
+        let opts: &mut ResolverOpts = builder.options_mut();
+        // Names are always given fully qualified; never append search domains.
+        opts.ndots = 0;
+        opts.timeout = connect_timeout.min(Duration::from_secs(3));
+        let resolver = builder
+            .build()
+            .context("cannot build the upstream resolver")?;
+        Ok(Upstream {
+            resolver,
+            own: OwnAddresses::new()
+                .map_err(|e| anyhow::anyhow!("cannot list local addresses: {e}"))?,
+            connect_timeout,
+        })
+    }
+
+    /// Remembers a listener address as one of the router's own.
+    pub(crate) fn add_own_address(&self, ip: IpAddr) {
+        self.own.add_listener(ip);
+    }
+
+    /// Resolves `name`, checks every address, and connects to `name:port`. Returns the stream and the
+    /// address it is connected to.
+    pub(crate) async fn connect(
+        &self,
+        name: &HostName,
+        port: u16,
+    ) -> Result<(TcpStream, SocketAddr), DialError> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let fqdn = format!("{}.", name.as_str());
+        let lookup =
+            match tokio::time::timeout_at(deadline, self.resolver.lookup_ip(fqdn.as_str())).await {
+                Err(_) => return Err(DialError::ResolveTimeout(name.clone())),
+                Ok(Err(e)) => {
+                    return Err(DialError::Resolve {
+                        name: name.clone(),
+                        message: e.to_string(),
+                    })
+                }
+                Ok(Ok(lookup)) => lookup,
+            };
+        let addrs: Vec<IpAddr> = lookup.iter().collect();
+        if addrs.is_empty() {
+            return Err(DialError::Resolve {
+                name: name.clone(),
+                message: "no addresses".into(),
+            });
+        }
+        // Every address is checked before any is dialled: one forbidden answer means the name is being
+        // used for rebinding, and none of its addresses is trusted.
+        let own = self.own.current();
+        for &ip in &addrs {
+            if let Some(why) = forbidden_reason(ip, &own) {
+                return Err(DialError::Forbidden { addr: ip, why });
+            }
+        }
+        let mut attempts = Vec::new();
+        for (i, &ip) in addrs.iter().enumerate() {
+            let addr = SocketAddr::new(normalise(ip), port);
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                attempts.push(format!("{addr}: no time left"));
+                break;
+            }
+            let left = deadline - now;
+            let remaining = (addrs.len() - i) as u32;
+            let budget = (left / remaining).max(MIN_ATTEMPT).min(left);
+            match tokio::time::timeout(budget, dial(addr)).await {
+                Ok(Ok(stream)) => return Ok((stream, addr)),
+                Ok(Err(e)) => attempts.push(format!("{addr}: {e}")),
+                Err(_) => attempts.push(format!("{addr}: timed out")),
+            }
+        }
+        Err(DialError::Connect {
+            name: name.clone(),
+            attempts: attempts.join("; "),
+        })
+    }
+}
+
+/// Connects to exactly `addr`.
+async fn dial(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_nodelay(true)?;
+    let stream = socket.connect(addr).await?;
+    tune(&stream);
+    Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_rules() {
+        let own: HashSet<IpAddr> = ["10.88.0.5".parse().unwrap()].into_iter().collect();
+        let forbidden = [
+            "127.0.0.1",
+            "127.255.0.9",
+            "0.0.0.0",
+            "0.1.2.3",
+            "169.254.169.254",
+            "224.0.0.1",
+            "239.255.255.250",
+            "255.255.255.255",
+            "240.0.0.1",
+            "::",
+            "::1",
+            "fe80::1",
+            "febf::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::ffff:0.0.0.0",
+            "::127.0.0.1",
+            "10.88.0.5",
+            "::ffff:10.88.0.5",
+        ];
+        for a in forbidden {
+            let ip: IpAddr = a.parse().unwrap();
+            assert!(forbidden_reason(ip, &own).is_some(), "{a} was allowed");
+        }
+        let allowed = [
+            "10.0.0.1",
+            "172.16.5.4",
+            "192.168.1.1",
+            "100.64.0.1",
+            "198.18.0.2",
+            "1.1.1.1",
+            "2606:4700::1111",
+            "fd00::1",
+            "fec0::1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::7f00:1",
+        ];
+        for a in allowed {
+            let ip: IpAddr = a.parse().unwrap();
+            assert_eq!(forbidden_reason(ip, &own), None, "{a} was refused");
+        }
+    }
+
+    #[test]
+    fn local_addresses_include_loopback() {
+        let set = local_addresses().unwrap();
+        assert!(set.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{set:?}");
+    }
+}
