@@ -1,10 +1,5 @@
-use clap::Parser;
+//! `agent-sandbox`: see the library for everything.
 
-/// Placeholder command line, filled in by its own issue.
-#[derive(Debug, Parser)]
-#[command(version, about)]
-struct Cli {}
-
-fn main() {
-    let _ = Cli::parse();
+fn main() -> std::process::ExitCode {
+    agent_sandbox::main()
 }

@@ -1,0 +1,73 @@
+//! The `agent-sandbox` launcher: runs Claude Code (or any command) in a podman sandbox that sees only
+//! the project directory and reaches only the allowlisted hosts, through a per-session router.
+//!
+//! `main.rs` only calls [`main`]. The modules: [`cli`] (what the user asked), [`settings`] (images,
+//! allowlist, home volume), [`workdir`] (directories the sandbox may not be given), [`podman`] (every
+//! podman command line), [`session`] (the topology and its lifecycle), [`liveness`] (stale sessions),
+//! [`report`] (what the router refused), [`signals`] and [`images`] (`--build-images`).
+
+pub mod cli;
+pub mod images;
+pub mod liveness;
+pub mod podman;
+pub mod report;
+pub mod session;
+pub mod settings;
+pub mod signals;
+pub mod workdir;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::cli::{Action, Cli};
+use crate::podman::Podman;
+use crate::settings::Settings;
+use crate::signals::SignalWatch;
+
+/// Runs the launcher for an already parsed command line; returns the exit code.
+pub fn run(action: Action) -> anyhow::Result<i32> {
+    let settings = Settings::from_env(|k| std::env::var_os(k))?;
+    let podman = Podman::default();
+    match action {
+        Action::PrintConfig => {
+            print!("{}", settings.describe());
+            Ok(0)
+        }
+        Action::BuildImages { base_image } => {
+            images::build(&podman, &settings, base_image.as_deref())?;
+            Ok(0)
+        }
+        Action::Session(command) => {
+            let signals = SignalWatch::install()?;
+            match session::run(&podman, &settings, command, &signals) {
+                Err(e) if e.downcast_ref::<session::Interrupted>().is_some() => {
+                    let sig = e.downcast_ref::<session::Interrupted>().map_or(2, |i| i.0);
+                    eprintln!("agent-sandbox: {e}");
+                    Ok(128 + sig)
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+/// The whole program: parse, run, report errors (with their causes) on stderr.
+#[must_use]
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let action = match cli.action() {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("agent-sandbox: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(action) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("agent-sandbox: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The end-of-session report: what the router refused, from its JSON log.
+//!
+//! The router logs every refusal at info as an event whose message is exactly `refused`, with fields
+//! `kind` (dns, tls, http, forward) and `name`. The launcher counts them per name so that a user who
+//! wonders why something did not work sees which names to add to the allowlist.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Refusals of one name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refused {
+    /// How many times.
+    pub count: usize,
+    /// Which kinds of request (dns, tls, http, forward), sorted.
+    pub kinds: Vec<String>,
+}
+
+/// Counts the `refused` events in the router's log, per name. Lines that are not JSON (or not refusals)
+/// are ignored: the log also holds start-up lines and, on error, plain text.
+#[must_use]
+pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
+    let mut out: BTreeMap<String, Refused> = BTreeMap::new();
+    for line in log.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+            continue;
+        };
+        let fields = &event["fields"];
+        if fields["message"] != "refused" {
+            continue;
+        }
+        let name = match &fields["name"] {
+            // One trailing dot is how DNS names arrive; the allowlist is written without it.
+            serde_json::Value::String(s) if !s.is_empty() && s != "." => {
+                s.strip_suffix('.').unwrap_or(s).to_owned()
+            }
+            serde_json::Value::Null => "(no name)".to_owned(),
+            serde_json::Value::String(_) => "(empty name)".to_owned(),
+            other => other.to_string(),
+        };
+        let kind = fields["kind"].as_str().unwrap_or("?").to_owned();
+        let entry = out.entry(name).or_default();
+        entry.count += 1;
+        if !entry.kinds.contains(&kind) {
+            entry.kinds.push(kind);
+            entry.kinds.sort();
+        }
+    }
+    out
+}
+
+/// The report text, or `None` when nothing was refused.
+#[must_use]
+pub fn render(refused: &BTreeMap<String, Refused>, allowlist: &Path) -> Option<String> {
+    if refused.is_empty() {
+        return None;
+    }
+    let total: usize = refused.values().map(|r| r.count).sum();
+    let mut text = format!(
+        "agent-sandbox: the router refused {total} request{} for {} name{} not on the allowlist:\n",
+        if total == 1 { "" } else { "s" },
+        refused.len(),
+        if refused.len() == 1 { "" } else { "s" },
+    );
+    let width = refused.keys().map(|k| k.len()).max().unwrap_or(0);
+    for (name, r) in refused {
+        let _ = writeln!(
+            text,
+            "  {name:<width$}  {} × ({})",
+            r.count,
+            r.kinds.join(", ")
+        );
+    }
+    let _ = writeln!(
+        text,
+        "To allow a name, add it to {} (read at the start of every session).",
+        allowlist.display()
+    );
+    Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = r#"{"timestamp":"t","level":"INFO","fields":{"message":"listening on 10.89.0.2:53 (udp)"},"target":"router"}
+{"timestamp":"t","level":"INFO","fields":{"message":"refused","kind":"dns","name":"evil.example.","reason":"not allowlisted","client":"10.89.0.3:4000"},"target":"router::dns"}
+{"timestamp":"t","level":"INFO","fields":{"message":"refused","kind":"dns","name":"evil.example","reason":"not allowlisted","client":"10.89.0.3:4001"}}
+{"timestamp":"t","level":"INFO","fields":{"message":"refused","kind":"tls","name":"other.test","reason":"not allowlisted","client":"10.89.0.3:4002"}}
+{"timestamp":"t","level":"INFO","fields":{"message":"refused","kind":"http","name":"evil.example","reason":"x","client":"c"}}
+{"timestamp":"t","level":"INFO","fields":{"message":"refused","kind":"tls","reason":"no SNI","client":"c"}}
+not json at all
+{"timestamp":"t","level":"INFO","fields":{"message":"connection","name":"api.anthropic.com"}}
+"#;
+
+    #[test]
+    fn counts_per_name() {
+        let r = refusals(LOG);
+        assert_eq!(r.len(), 3);
+        assert_eq!(
+            r["evil.example"],
+            Refused {
+                count: 3,
+                kinds: vec!["dns".into(), "http".into()]
+            }
+        );
+        assert_eq!(r["other.test"].count, 1);
+        assert_eq!(r["(no name)"].kinds, ["tls"]);
+        let text = render(
+            &r,
+            Path::new("/home/me/.config/agent-sandbox/allowed-hosts"),
+        )
+        .unwrap();
+        assert!(text.contains("refused 5 requests for 3 names"), "{text}");
+        assert!(text.contains("evil.example  3 × (dns, http)"), "{text}");
+        assert!(text.contains("/home/me/.config/agent-sandbox/allowed-hosts"));
+    }
+
+    #[test]
+    fn nothing_refused_prints_nothing() {
+        assert_eq!(render(&refusals(""), Path::new("/x")), None);
+        assert_eq!(
+            render(&refusals(LOG.lines().next().unwrap()), Path::new("/x")),
+            None
+        );
+    }
+}

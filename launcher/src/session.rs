@@ -1,0 +1,772 @@
+//! One sandbox session: checks, topology, the command, the report, cleanup.
+//!
+//! ```text
+//! checks (directory, allowlist, podman, images)       nothing is created before these pass
+//! stale sessions removed · egress network and home volume ensured
+//! session network (--internal --disable-dns) ─ router at .2 ─ pod (--dns router) ─ forwarder ─ sandbox
+//! report of refused names · pod, router, network and temp files removed, on every way out
+//! ```
+//!
+//! Objects are recorded in a [`Cleanup`] as soon as they exist, so an error, a signal or a panic at any
+//! step removes exactly what this session created.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::fs;
+use std::io::{IsTerminal as _, Write as _};
+use std::net::Ipv4Addr;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+use agent_sandbox_shared::{Allowlist, Policy, SessionPlan};
+
+use crate::liveness;
+use crate::podman::{
+    args, ForwarderSpec, NetworkSpec, PodSpec, Podman, PodmanError, RouterSpec, SandboxSpec,
+    SessionLabels, UserMapping, LABEL_SESSION,
+};
+use crate::report;
+use crate::settings::{Settings, EGRESS_NETWORK, EMBEDDED_ALLOWLIST, PACKAGED_ALLOWLIST};
+use crate::signals::SignalWatch;
+use crate::workdir;
+
+/// Environment variables handed to the sandboxed command when set (values never go on a command line).
+pub const PASS_ENV: &[&str] = &[
+    "TERM",
+    "COLORTERM",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "ANTHROPIC_API_KEY",
+];
+
+/// How long the router and forwarder may take to report their listeners.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Prefix of every object name; the session id follows.
+const NAME_PREFIX: &str = "agent-sandbox-";
+
+/// Prints a launcher message on stderr.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), "agent-sandbox: {}", format_args!($($t)*));
+    }};
+}
+
+/// Runs `command` in a new session; returns its exit status for the launcher to exit with.
+pub fn run(
+    podman: &Podman,
+    settings: &Settings,
+    command: Vec<OsString>,
+    signals: &SignalWatch,
+) -> anyhow::Result<i32> {
+    // 1. Checks. Nothing below creates anything but the user's allowlist (copied from the default).
+    let project = std::env::current_dir()
+        .context("cannot read the current directory")?
+        .canonicalize()
+        .context("cannot resolve the current directory")?;
+    let home = workdir::canonicalize_lenient(&settings.home)
+        .with_context(|| format!("cannot resolve HOME ({})", settings.home.display()))?;
+    let locations = workdir::allowlist_locations(&settings.allowlist).with_context(|| {
+        format!(
+            "cannot resolve the allowlist path {}",
+            settings.allowlist.display()
+        )
+    })?;
+    workdir::check(&project, &home, &locations)?;
+
+    ensure_allowlist(&settings.allowlist)?;
+    let allowlist = Allowlist::load(&settings.allowlist)?;
+    for w in allowlist.warnings() {
+        say!("warning: {}:{w}", settings.allowlist.display());
+    }
+    let policy = Policy::new(&allowlist);
+
+    let host = preflight(podman)?;
+    ensure_image(podman, &settings.router_image, "AGENT_SANDBOX_ROUTER_IMAGE")?;
+    ensure_image(podman, &settings.image, "AGENT_SANDBOX_IMAGE")?;
+    let user = sandbox_user(&host, &project, &settings.home)?;
+    interrupted(signals)?;
+
+    // 2. Shared objects and leftovers.
+    remove_stale_sessions(podman)?;
+    ensure_egress_network(podman)?;
+    let chown_home = ensure_home_volume(podman, &settings.home_volume, user.host_uid)?;
+    interrupted(signals)?;
+
+    // 3. The session.
+    let session = new_session_id()?;
+    let labels = SessionLabels {
+        session: session.clone(),
+        pid: std::process::id(),
+        start: liveness::start_time(std::process::id())
+            .context("cannot read this process's start time from /proc")?,
+        boot: liveness::boot_id().context("cannot read the boot id from /proc")?,
+        project: project.clone(),
+    };
+    let base = format!("{NAME_PREFIX}{session}");
+    let mut cleanup = Cleanup::new(podman.clone());
+
+    let dir = session_dir(&session);
+    cleanup.dir = Some(dir.clone());
+    create_session_dir(&dir)?;
+
+    let network = base.clone();
+    podman.run(&args::network_create_session(&NetworkSpec {
+        name: network.clone(),
+        labels: labels.clone(),
+    }))?;
+    cleanup.network = Some(network.clone());
+    let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
+        .with_context(|| format!("cannot pick the router's address on network {network}"))?;
+    let plan = SessionPlan::new(&policy, router_ip)?;
+
+    let config = dir.join("router.toml");
+    write_file(&config, &plan.router.to_toml())?;
+    let hosts = dir.join("hosts");
+    write_file(
+        &hosts,
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    )?;
+    let resolv = dir.join("resolv.conf");
+    write_file(&resolv, &format!("nameserver {router_ip}\n"))?;
+    interrupted(signals)?;
+
+    let router = format!("{base}-router");
+    cleanup.router = Some(router.clone());
+    podman.run(&args::router_run(&RouterSpec {
+        name: router.clone(),
+        labels: labels.clone(),
+        image: settings.router_image.clone(),
+        session_network: network.clone(),
+        session_ip: router_ip,
+        egress_network: EGRESS_NETWORK.to_owned(),
+        config_file: config,
+    }))?;
+
+    let pod = base.clone();
+    cleanup.pod = Some(pod.clone());
+    podman.run(&args::pod_create(&PodSpec {
+        name: pod.clone(),
+        labels: labels.clone(),
+        network: network.clone(),
+        dns: router_ip,
+        user: user.mapping.clone(),
+    }))?;
+    interrupted(signals)?;
+
+    let relays = plan.forwarder_args();
+    let forwarder = format!("{base}-forwarder");
+    if !relays.is_empty() {
+        podman.run(&args::forwarder_run(&ForwarderSpec {
+            name: forwarder.clone(),
+            labels: labels.clone(),
+            pod: pod.clone(),
+            image: settings.router_image.clone(),
+            relays: relays.clone(),
+        }))?;
+    }
+
+    let mut router_addrs: Vec<String> = [
+        plan.router.listen.dns,
+        plan.router.listen.http,
+        plan.router.listen.https,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|a| a.to_string())
+    .collect();
+    router_addrs.extend(plan.router.forwards.iter().map(|f| f.listen.to_string()));
+    wait_listening(podman, &router, &router_addrs, signals)?;
+    if !relays.is_empty() {
+        let listens: Vec<String> = plan.relays.iter().map(|r| r.listen.to_string()).collect();
+        wait_listening(podman, &forwarder, &listens, signals)?;
+    }
+    interrupted(signals)?;
+
+    // 4. The command.
+    let spec = SandboxSpec {
+        name: format!("{base}-sandbox"),
+        labels,
+        pod: pod.clone(),
+        image: settings.image.clone(),
+        user: user.mapping,
+        project,
+        home_volume: settings.home_volume.clone(),
+        home: user.home,
+        chown_home,
+        hosts_file: hosts,
+        resolv_file: resolv,
+        tty: std::io::stdin().is_terminal(),
+        pass_env: PASS_ENV.iter().map(|s| (*s).to_owned()).collect(),
+        command,
+    };
+    let escalate = {
+        let podman = podman.clone();
+        let pod = pod.clone();
+        move || {
+            let _ = podman.output(&args::pod_kill(&pod));
+        }
+    };
+    signals.set_escalation(escalate);
+    let mut child = podman.spawn_foreground(&args::sandbox_run(&spec))?;
+    signals.set_child(Some(child.id()));
+    let status = child.wait();
+    signals.set_child(None);
+    let status = status.context("waiting for the sandbox's podman run")?;
+
+    // 5. Report, then clean up (also done by Drop, on every other way out).
+    if let Ok(out) = podman.output(&args::logs(&router)) {
+        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        if let Some(text) = report::render(&report::refusals(&log), &settings.allowlist) {
+            let _ = std::io::stderr().write_all(text.as_bytes());
+        }
+    }
+    cleanup.run();
+    Ok(exit_code(status))
+}
+
+/// The launcher's exit code for the command's status: its code, or 128 + the signal that ended it.
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted by signal {0} while starting the session; removed what was created")]
+pub struct Interrupted(pub i32);
+
+fn interrupted(signals: &SignalWatch) -> Result<(), Interrupted> {
+    match signals.received() {
+        Some(sig) => Err(Interrupted(sig)),
+        None => Ok(()),
+    }
+}
+
+/// Copies the default allowlist to `path` if nothing is there, and says so.
+fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
+    if fs::symlink_metadata(path).is_ok() {
+        return Ok(());
+    }
+    let (text, from) = match fs::read_to_string(PACKAGED_ALLOWLIST) {
+        Ok(text) => (text, PACKAGED_ALLOWLIST),
+        Err(_) => (
+            EMBEDDED_ALLOWLIST.to_owned(),
+            "the default built into agent-sandbox",
+        ),
+    };
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| format!("cannot create the allowlist {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write the allowlist {}", path.display()))?;
+    say!(
+        "no allowlist yet: created {} from {from}. Edit it to allow more hosts.",
+        path.display()
+    );
+    Ok(())
+}
+
+/// What podman says about the host.
+#[derive(Debug)]
+struct HostInfo {
+    /// Rootless podman (the product's mode) or rootful.
+    rootless: bool,
+}
+
+/// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
+fn preflight(podman: &Podman) -> anyhow::Result<HostInfo> {
+    podman.run(&args::version())?;
+    let info = podman.run(&args::info()).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\npodman does not work for this user; `podman info` shows why (for rootless podman: \
+             an /etc/subuid and /etc/subgid range for your user, then `podman system migrate`)"
+        )
+    })?;
+    let info: serde_json::Value =
+        serde_json::from_str(&info).context("cannot parse `podman info --format json`")?;
+    let host = &info["host"];
+    let rootless = host["security"]["rootless"].as_bool().unwrap_or(false);
+    if rootless {
+        let mapped = |key: &str| -> u64 {
+            host["idMappings"][key]
+                .as_array()
+                .map(|m| m.iter().filter_map(|e| e["size"].as_u64()).sum())
+                .unwrap_or(0)
+        };
+        if mapped("uidmap") <= 1 || mapped("gidmap") <= 1 {
+            let user = std::env::var("USER").unwrap_or_else(|_| "$USER".into());
+            bail!(
+                "rootless podman is not set up for {user}: there is no subordinate uid/gid range. \
+                 Add one (e.g. `sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`), \
+                 then run `podman system migrate`"
+            );
+        }
+    }
+    Ok(HostInfo { rootless })
+}
+
+/// Makes sure an image is present: local `localhost/` images come from `make build`; registry images
+/// (release builds) are pulled.
+fn ensure_image(podman: &Podman, image: &str, variable: &str) -> anyhow::Result<()> {
+    if podman.check(&args::image_exists(image))? {
+        return Ok(());
+    }
+    if image.starts_with("localhost/") {
+        bail!(
+            "the image {image} is missing: run `make build` in the agent-sandbox source tree \
+             (it runs `agent-sandbox --build-images`), or set {variable} to an image you have"
+        );
+    }
+    say!("pulling {image}");
+    podman
+        .run_visible(&args::image_pull(image))
+        .with_context(|| format!("cannot pull {image} (set {variable} to use another image)"))
+}
+
+/// The sandbox user, its home inside the container and the host uid that should own the home volume.
+#[derive(Debug)]
+struct SandboxUser {
+    mapping: UserMapping,
+    home: PathBuf,
+    host_uid: u32,
+}
+
+/// Rootless: keep-id, so the sandbox user is you. Rootful podman refuses keep-id, and a user namespace
+/// that maps a non-root sandbox user to the invoking user breaks podman 4's overlay storage, so rootful
+/// runs without a user namespace as the invoking user: the sudo user when run through sudo, else the
+/// owner of the project directory. When that is root the sandbox user is root with no capabilities,
+/// and nested podman is not available; rootless podman is the supported mode.
+fn sandbox_user(host: &HostInfo, project: &Path, home: &Path) -> anyhow::Result<SandboxUser> {
+    // SAFETY: getuid/getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    if host.rootless {
+        return Ok(SandboxUser {
+            mapping: UserMapping::KeepId,
+            home: home.to_owned(),
+            host_uid: uid,
+        });
+    }
+    let sudo = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let (uid, gid) = match (sudo("SUDO_UID"), sudo("SUDO_GID")) {
+        (Some(u), Some(g)) if u != 0 => (u, g),
+        _ => {
+            let meta = fs::metadata(project)
+                .with_context(|| format!("cannot stat {}", project.display()))?;
+            if meta.uid() == 0 && uid != 0 {
+                (uid, gid)
+            } else {
+                (meta.uid(), meta.gid())
+            }
+        }
+    };
+    if uid == 0 {
+        say!(
+            "podman is rootful and {} belongs to root: the sandbox runs as root without capabilities, \
+             and nested podman is not available. Rootless podman is the supported mode.",
+            project.display()
+        );
+        return Ok(SandboxUser {
+            mapping: UserMapping::Host {
+                uid: 0,
+                gid: 0,
+                passwd_entry: None,
+            },
+            home: PathBuf::from("/root"),
+            host_uid: 0,
+        });
+    }
+    let (name, home) = passwd_lookup(uid).unwrap_or_else(|| {
+        (
+            "sandbox".to_owned(),
+            PathBuf::from(format!("/home/sandbox-{uid}")),
+        )
+    });
+    Ok(SandboxUser {
+        mapping: UserMapping::Host {
+            uid,
+            gid,
+            passwd_entry: Some(format!(
+                "{name}:*:{uid}:{gid}:{name}:{}:/bin/bash",
+                home.display()
+            )),
+        },
+        home,
+        host_uid: uid,
+    })
+}
+
+/// The name and home of a uid from /etc/passwd.
+fn passwd_lookup(uid: u32) -> Option<(String, PathBuf)> {
+    let text = fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 7 && f[2].parse::<u32>().ok()? == uid && !f[5].is_empty())
+            .then(|| (f[0].to_owned(), PathBuf::from(f[5])))
+    })
+}
+
+/// Creates the egress network unless it exists (another session may create it at the same moment).
+fn ensure_egress_network(podman: &Podman) -> anyhow::Result<()> {
+    if podman.check(&args::network_exists(EGRESS_NETWORK))? {
+        return Ok(());
+    }
+    match podman.run(&args::network_create_egress(EGRESS_NETWORK)) {
+        Ok(_) => Ok(()),
+        Err(e) if podman.check(&args::network_exists(EGRESS_NETWORK))? => {
+            drop(e);
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates the home volume unless it exists; returns whether it must be re-owned to `uid` on mount
+/// (podman's `:U` is recursive, so only when its top directory is not already theirs).
+fn ensure_home_volume(podman: &Podman, name: &str, uid: u32) -> anyhow::Result<bool> {
+    if !podman.check(&args::volume_exists(name))? {
+        if let Err(e) = podman.run(&args::volume_create(name)) {
+            if !podman.check(&args::volume_exists(name))? {
+                return Err(e.into());
+            }
+        }
+    }
+    let mountpoint = podman.run(&args::volume_mountpoint(name))?;
+    Ok(match fs::metadata(mountpoint.trim()) {
+        Ok(meta) => meta.uid() != uid,
+        // Not visible from here (another volume driver): let podman make it right.
+        Err(_) => true,
+    })
+}
+
+/// A random session id: 12 hex digits from the kernel's generator.
+fn new_session_id() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 6];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("cannot read /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The directory for the session's router configuration, hosts and resolv.conf. Under the system temp
+/// directory rather than $XDG_RUNTIME_DIR (mode 0700): the router reads its configuration as a
+/// subordinate uid, which must be able to traverse to it.
+fn session_dir(session: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("{NAME_PREFIX}{session}"))
+}
+
+fn create_session_dir(dir: &Path) -> anyhow::Result<()> {
+    fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("cannot set permissions on {}", dir.display()))
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644))
+        .with_context(|| format!("cannot set permissions on {}", path.display()))
+}
+
+/// The router's address: the second host address of the session network's subnet (the first is the
+/// gateway's by convention, even where an internal network has none), skipping the gateway if podman
+/// put it there.
+fn router_address(inspect_json: &str) -> anyhow::Result<Ipv4Addr> {
+    let v: serde_json::Value =
+        serde_json::from_str(inspect_json).context("cannot parse `podman network inspect`")?;
+    let net = if v.is_array() { &v[0] } else { &v };
+    let subnets = net["subnets"]
+        .as_array()
+        .context("the network has no subnets")?;
+    for s in subnets {
+        let Some((addr, prefix)) = s["subnet"].as_str().and_then(|s| s.split_once('/')) else {
+            continue;
+        };
+        let (Ok(addr), Ok(prefix)) = (addr.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else {
+            continue; // IPv6
+        };
+        if prefix > 29 {
+            bail!("subnet {addr}/{prefix} is too small");
+        }
+        let gateway = s["gateway"]
+            .as_str()
+            .and_then(|g| g.parse::<Ipv4Addr>().ok());
+        let base = u32::from(addr) & (u32::MAX << (32 - prefix));
+        let candidate = [base + 2, base + 3]
+            .into_iter()
+            .map(Ipv4Addr::from)
+            .find(|ip| Some(*ip) != gateway)
+            .context("no free address")?;
+        return Ok(candidate);
+    }
+    bail!("the network has no IPv4 subnet")
+}
+
+/// Waits until a detached container has logged `listening on ADDR` for every address; fails with its
+/// log if it exits first.
+fn wait_listening(
+    podman: &Podman,
+    container: &str,
+    addrs: &[String],
+    signals: &SignalWatch,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut delay = Duration::from_millis(20);
+    loop {
+        interrupted(signals)?;
+        let out = podman.output(&args::logs(container))?;
+        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        let ready = addrs.iter().all(|a| {
+            let needle = format!("listening on {a}");
+            log.lines().any(|l| {
+                l.split(needle.as_str())
+                    .nth(1)
+                    .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+            })
+        });
+        if ready {
+            return Ok(());
+        }
+        let state = podman.run(&args::container_state(container))?;
+        if state.trim_start().starts_with("false") {
+            bail!(
+                "{container} stopped while starting (exit {}):\n{}",
+                state.split_whitespace().nth(1).unwrap_or("?"),
+                log.trim_end()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{container} did not report all its listeners within {}s:\n{}",
+                READY_TIMEOUT.as_secs(),
+                log.trim_end()
+            );
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Removes what a session created. Recorded as objects come into existence; runs once, on the normal
+/// path or from Drop on every other way out.
+#[derive(Debug)]
+pub struct Cleanup {
+    podman: Podman,
+    pod: Option<String>,
+    router: Option<String>,
+    network: Option<String>,
+    dir: Option<PathBuf>,
+}
+
+impl Cleanup {
+    fn new(podman: Podman) -> Cleanup {
+        Cleanup {
+            podman,
+            pod: None,
+            router: None,
+            network: None,
+            dir: None,
+        }
+    }
+
+    /// Removes everything recorded; failures are reported, not fatal (the next start retries them as
+    /// stale objects).
+    pub fn run(&mut self) {
+        let podman = self.podman.clone();
+        let attempt = |what: &str, argv: Vec<OsString>| {
+            if let Err(e) = podman.run(&argv) {
+                say!("could not remove {what}: {e}");
+            }
+        };
+        if let Some(pod) = self.pod.take() {
+            attempt("the pod", args::pod_rm(&pod));
+        }
+        if let Some(router) = self.router.take() {
+            attempt("the router", args::rm(&router));
+        }
+        if let Some(network) = self.network.take() {
+            attempt("the session network", args::network_rm(&network));
+        }
+        if let Some(dir) = self.dir.take() {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
+/// One object of some session, as listed by podman.
+#[derive(Debug)]
+struct Listed {
+    kind: Kind,
+    name: String,
+    labels: HashMap<String, String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Pod,
+    Container,
+    Network,
+}
+
+/// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
+/// networks). Objects of live sessions are never touched.
+fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    let mut objects = Vec::new();
+    for (kind, argv) in [
+        (Kind::Pod, args::pod_ps_sessions()),
+        (Kind::Container, args::ps_sessions()),
+        (Kind::Network, args::network_ls_sessions()),
+    ] {
+        objects.extend(parse_listing(kind, &podman.run(&argv)?));
+    }
+    let mut stale: BTreeMap<String, Vec<&Listed>> = BTreeMap::new();
+    for o in &objects {
+        let Some(session) = o.labels.get(LABEL_SESSION) else {
+            continue;
+        };
+        if !liveness::is_live(&o.labels, &boot) {
+            stale.entry(session.clone()).or_default().push(o);
+        }
+    }
+    for (session, mut list) in stale {
+        list.sort_by_key(|o| o.kind);
+        say!(
+            "removing {} object(s) left by session {session}, whose launcher is gone",
+            list.len()
+        );
+        let mut cleanup = Cleanup::new(podman.clone());
+        for o in list {
+            let argv = match o.kind {
+                Kind::Pod => args::pod_rm(&o.name),
+                Kind::Container => args::rm(&o.name),
+                Kind::Network => args::network_rm(&o.name),
+            };
+            match podman.run(&argv) {
+                Ok(_) => {}
+                // Gone already (removed with its pod or network).
+                Err(PodmanError::Failed { stderr, .. })
+                    if stderr.contains("no such") || stderr.contains("not found") => {}
+                Err(e) => say!("could not remove {}: {e}", o.name),
+            }
+        }
+        cleanup.dir = Some(session_dir(&session));
+        cleanup.run();
+    }
+    Ok(())
+}
+
+/// Parses `podman {pod ps,ps,network ls} --format json`; field names differ in case between them.
+fn parse_listing(kind: Kind, json: &str) -> Vec<Listed> {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_str::<serde_json::Value>(json)
+    else {
+        return Vec::new();
+    };
+    let field = |o: &serde_json::Value, names: &[&str]| -> serde_json::Value {
+        names
+            .iter()
+            .map(|n| o[*n].clone())
+            .find(|v| !v.is_null())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    items
+        .iter()
+        .filter_map(|o| {
+            let name = match field(o, &["Names", "Name", "name"]) {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Array(a) => a.first()?.as_str()?.to_owned(),
+                _ => return None,
+            };
+            let labels = field(o, &["Labels", "labels"])
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(Listed { kind, name, labels })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_address_is_the_second_host() {
+        let inspect = r#"[{"name":"n","subnets":[{"subnet":"10.89.3.0/24"}],"internal":true}]"#;
+        assert_eq!(
+            router_address(inspect).unwrap(),
+            Ipv4Addr::new(10, 89, 3, 2)
+        );
+        let with_gw = r#"[{"subnets":[{"subnet":"10.89.3.0/24","gateway":"10.89.3.2"}]}]"#;
+        assert_eq!(
+            router_address(with_gw).unwrap(),
+            Ipv4Addr::new(10, 89, 3, 3)
+        );
+        let v6_first = r#"[{"subnets":[{"subnet":"fd00::/64"},{"subnet":"10.0.5.16/28","gateway":"10.0.5.17"}]}]"#;
+        assert_eq!(
+            router_address(v6_first).unwrap(),
+            Ipv4Addr::new(10, 0, 5, 18)
+        );
+        assert!(router_address(r#"[{"subnets":[]}]"#).is_err());
+        assert!(router_address(r#"[{"subnets":[{"subnet":"10.0.0.0/30"}]}]"#).is_err());
+    }
+
+    #[test]
+    fn listings_of_all_three_kinds() {
+        let pods = r#"[{"Name":"agent-sandbox-a","Labels":{"agent-sandbox.session":"a"}}]"#;
+        let ctrs =
+            r#"[{"Names":["agent-sandbox-a-router"],"Labels":{"agent-sandbox.session":"a"}}]"#;
+        let nets = r#"[{"name":"agent-sandbox-a","labels":{"agent-sandbox.session":"a"}}]"#;
+        for (kind, json, name) in [
+            (Kind::Pod, pods, "agent-sandbox-a"),
+            (Kind::Container, ctrs, "agent-sandbox-a-router"),
+            (Kind::Network, nets, "agent-sandbox-a"),
+        ] {
+            let l = parse_listing(kind, json);
+            assert_eq!(l.len(), 1);
+            assert_eq!(l[0].name, name);
+            assert_eq!(l[0].labels[LABEL_SESSION], "a");
+        }
+        assert!(parse_listing(Kind::Pod, "null").is_empty());
+    }
+
+    #[test]
+    fn exit_codes() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+    }
+
+    #[test]
+    fn session_ids_are_random_hex() {
+        let a = new_session_id().unwrap();
+        assert_eq!(a.len(), 12);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, new_session_id().unwrap());
+    }
+}
