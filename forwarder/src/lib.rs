@@ -1,0 +1,280 @@
+//! The forwarder: a small TCP relay from the sandbox pod's loopback addresses to the session router.
+//!
+//! Inside the sandbox every allowlisted name resolves to a loopback address (127.0.0.2, 127.0.0.3, …; see
+//! [`agent_sandbox_shared::plan`]). The sandbox's netns has no route out, so something inside it has to
+//! carry those connections to the router on the session network: that is this crate. It knows nothing about
+//! names, TLS or HTTP; it relays bytes from `LISTEN` to `TARGET`, nothing else, and the router decides.
+//!
+//! The binary (`main.rs`) only parses arguments ([`cli`]), sets up logging ([`log`]), the runtime and the
+//! signals, and calls [`Forwarder::bind`] then [`Forwarder::run`]; the tests call the same two functions
+//! in-process.
+//!
+//! It runs from a `FROM scratch` image, statically linked: it must never resolve a name (no
+//! `ToSocketAddrs` on strings, no `lookup_host`), because there is no libc resolver there. Every address it
+//! handles is an already parsed [`SocketAddr`].
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::copy_bidirectional_with_sizes;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+pub use agent_sandbox_shared::plan::Relay;
+
+pub mod cli;
+pub mod log;
+
+use log::Level;
+
+/// Tunables. The binary uses [`Options::default`]; tests shorten the timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// How long to wait for the target to accept a connection. The target is the router on the same
+    /// host, so a connection that takes longer than this is not coming; the client is closed instead of
+    /// being left hanging.
+    pub connect_timeout: Duration,
+    /// The most connections relayed at once, over all listeners. Beyond it the forwarder stops accepting
+    /// and lets the kernel's backlog hold new connections, so memory and file descriptors stay bounded
+    /// whatever the sandbox does.
+    pub max_connections: usize,
+    /// Bytes buffered per direction per connection. Two of these are the bulk of a connection's memory;
+    /// 16 KiB keeps a connection at a few tens of KB while a bulk transfer still moves a whole TCP
+    /// send-buffer's worth of data per pair of system calls.
+    pub buffer_size: usize,
+    /// The first pause after a resource error from `accept` (EMFILE, ENFILE, ENOBUFS, ENOMEM). Retrying
+    /// at once would spin on the same error; the pause doubles up to [`MAX_ACCEPT_BACKOFF`] and ends
+    /// early when one of the listener's own connections finishes and gives back its descriptors.
+    pub accept_backoff: Duration,
+}
+
+/// The longest pause between two accept attempts while the process is out of file descriptors.
+pub const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            connect_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+            buffer_size: 16 * 1024,
+            accept_backoff: Duration::from_millis(10),
+        }
+    }
+}
+
+/// A listener that has been bound and the relay it serves.
+#[derive(Debug)]
+struct Bound {
+    /// The bound socket, already listening: the kernel queues connections from here on.
+    listener: TcpListener,
+    /// The relay, with `listen` being the address actually bound (differs from the request only for
+    /// port 0, which tests use).
+    relay: Relay,
+}
+
+/// Every listener of a forwarder, bound and ready to [`run`](Forwarder::run).
+///
+/// Binding is separate from running so that every bind failure is reported before any connection is
+/// accepted, and so that tests can bind port 0 and learn the address before traffic starts.
+#[derive(Debug)]
+pub struct Forwarder {
+    /// One per relay, in the order given.
+    bound: Vec<Bound>,
+    /// The tunables, shared by all listeners.
+    options: Options,
+}
+
+impl Forwarder {
+    /// Binds every relay's listen address, then logs one `listening on ADDR` line per listener.
+    ///
+    /// Any failure is fatal and names the address: a forwarder that silently lacks one of its relays would
+    /// turn an allowlisted name into a mysterious "connection refused" inside the sandbox.
+    pub async fn bind(relays: &[Relay], options: Options) -> anyhow::Result<Forwarder> {
+        anyhow::ensure!(!relays.is_empty(), "no relays given");
+        anyhow::ensure!(
+            options.buffer_size > 0 && options.max_connections > 0,
+            "buffer size and connection limit must be positive"
+        );
+        let mut bound = Vec::with_capacity(relays.len());
+        for relay in relays {
+            let listener = TcpListener::bind(relay.listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", relay.listen))?;
+            let listen = listener
+                .local_addr()
+                .with_context(|| format!("cannot read the address bound for {}", relay.listen))?;
+            bound.push(Bound {
+                listener,
+                relay: Relay {
+                    listen,
+                    target: relay.target,
+                },
+            });
+        }
+        for b in &bound {
+            log!(
+                Level::Info,
+                "listening on {} to={}",
+                b.relay.listen,
+                b.relay.target
+            );
+        }
+        Ok(Forwarder { bound, options })
+    }
+
+    /// The relays as bound: `listen` is the real address (useful when port 0 was asked for).
+    pub fn relays(&self) -> Vec<Relay> {
+        self.bound.iter().map(|b| b.relay).collect()
+    }
+
+    /// Relays connections until `shutdown` completes, then drops every listener and every connection.
+    ///
+    /// Connections are not drained on shutdown: the forwarder is stopped together with its pod, and the
+    /// relayed protocols (TLS, HTTP) notice a dropped connection on their own.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let permits = Arc::new(Semaphore::new(self.options.max_connections));
+        // Dropping this set aborts the accept loops, and with them (their own sets) every connection.
+        let mut loops = JoinSet::new();
+        for b in self.bound {
+            loops.spawn(accept_loop(b, self.options, Arc::clone(&permits)));
+        }
+        tokio::pin!(shutdown);
+        tokio::select! {
+            () = &mut shutdown => Ok(()),
+            // Accept loops never return; one that did has panicked, and a forwarder missing a listener
+            // must not carry on as if it were whole.
+            Some(ended) = loops.join_next() => match ended {
+                Ok(()) => anyhow::bail!("a listener stopped"),
+                Err(err) => Err(anyhow::Error::new(err).context("a listener failed")),
+            },
+        }
+    }
+}
+
+/// [`Forwarder::bind`] with the default [`Options`], then [`Forwarder::run`].
+pub async fn run(relays: &[Relay], shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    Forwarder::bind(relays, Options::default())
+        .await?
+        .run(shutdown)
+        .await
+}
+
+/// Accepts connections on one listener forever and spawns a relay task for each.
+async fn accept_loop(bound: Bound, options: Options, permits: Arc<Semaphore>) {
+    let Bound { listener, relay } = bound;
+    // Owned here so that aborting this loop also aborts its connections.
+    let mut connections = JoinSet::new();
+    let mut backoff = options.accept_backoff;
+    loop {
+        // Taken before accepting, so that at the limit connections wait in the kernel's backlog.
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            // The semaphore is never closed; if it were, no more connections could be relayed.
+            return;
+        };
+        match listener.accept().await {
+            Ok((client, peer)) => {
+                backoff = options.accept_backoff;
+                connections.spawn(async move {
+                    relay_connection(client, peer, relay, options).await;
+                    drop(permit);
+                });
+            }
+            // The client gave up between SYN and accept: nothing to do about it.
+            Err(err) if is_per_connection(&err) => {
+                log!(Level::Debug, "listen={}: accept: {err}", relay.listen);
+            }
+            Err(err) => {
+                if backoff == options.accept_backoff {
+                    log!(
+                        Level::Warn,
+                        "listen={}: accept failed, backing off: {err}",
+                        relay.listen
+                    );
+                }
+                drop(permit);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    // A finished connection gives its descriptors back: try again at once.
+                    Some(_) = connections.join_next() => {}
+                }
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+            }
+        }
+        // Reap finished connections so the set does not grow with every connection ever relayed.
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+/// Accept errors that concern only the connection being accepted, not the listener or the process.
+fn is_per_connection(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// Relays one accepted connection to `target` until both directions are done.
+///
+/// Half-close is kept: when one side shuts down its write half, the write half toward the other side is
+/// shut down and the other direction keeps flowing (many protocols send a request, half-close, then read
+/// the answer). When the target cannot be reached, or either side fails mid-stream, both sockets are
+/// closed with a reset rather than a FIN, so that the other end sees an error and never mistakes a cut
+/// stream for a complete one.
+async fn relay_connection(mut client: TcpStream, peer: SocketAddr, relay: Relay, options: Options) {
+    let connect = tokio::time::timeout(options.connect_timeout, TcpStream::connect(relay.target));
+    let mut upstream = match connect.await {
+        Ok(Ok(upstream)) => upstream,
+        Ok(Err(err)) => {
+            log!(
+                Level::Warn,
+                "peer={peer} {relay}: cannot connect to the target: {err}"
+            );
+            abort(&client);
+            return;
+        }
+        Err(_) => {
+            let timeout = options.connect_timeout;
+            log!(
+                Level::Warn,
+                "peer={peer} {relay}: no connection to the target within {timeout:?}"
+            );
+            abort(&client);
+            return;
+        }
+    };
+    // Whatever arrives is forwarded at once; waiting for more (Nagle) only adds latency to the small
+    // request/response exchanges that dominate (TLS handshakes, HTTP heads).
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let sizes = options.buffer_size;
+    match copy_bidirectional_with_sizes(&mut client, &mut upstream, sizes, sizes).await {
+        Ok((sent, received)) => {
+            log!(
+                Level::Debug,
+                "peer={peer} {relay}: done, sent={sent} received={received}"
+            );
+        }
+        Err(err) => {
+            log!(
+                Level::Debug,
+                "peer={peer} {relay}: ended with an error: {err}"
+            );
+            abort(&client);
+            abort(&upstream);
+        }
+    }
+}
+
+/// Makes the coming close of `stream` a reset (RST) instead of an orderly FIN.
+fn abort(stream: &TcpStream) {
+    // Failing to set it leaves an ordinary close, which is still a close.
+    let _ = stream.set_zero_linger();
+}
