@@ -349,14 +349,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn run(bytes: &[u8]) -> Result<Option<Vec<u8>>, HelloError> {
+    type Outcome = Result<Option<Vec<u8>>, HelloError>;
+
+    fn run(bytes: &[u8]) -> Outcome {
         HelloReader::new().push(bytes)
     }
 
     #[test]
     fn table() {
         let ok_name: &[u8] = b"api.example.com";
-        let cases: Vec<(&str, Vec<u8>, Result<Option<Vec<u8>>, HelloError>)> = vec![
+        let cases: Vec<(&str, Vec<u8>, Outcome)> = vec![
             (
                 "plain",
                 hello_record(&[ok_name], 0),

@@ -1,0 +1,976 @@
+//! The proxy end to end: real sockets, real TLS (rustls with a test CA), upstream test hosts in a network
+//! namespace reached over a veth pair, a test DNS server on loopback. Every refusal test also proves that
+//! the upstream accepted no connection and that the name was not even resolved.
+
+mod proxy_support;
+
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use std::time::{Duration, Instant};
+use tokio::sync::RwLock;
+
+use agent_sandbox_router::proxy::tls::build;
+use proxy_support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// The descriptor-count test takes this exclusively; every other test shares it.
+static FD_LOCK: RwLock<()> = RwLock::const_new(());
+
+/// A fresh test-unique label.
+fn uniq(tag: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{tag}{}p{}",
+        N.fetch_add(1, Ordering::Relaxed),
+        std::process::id()
+    )
+}
+
+/// A world: a namespace, DNS, PKI.
+struct World {
+    ns: Netns,
+    dns: TestDns,
+    domain: String,
+}
+
+impl World {
+    async fn new(tag: &str) -> World {
+        capture_logs();
+        World {
+            ns: Netns::create(),
+            dns: TestDns::start(300).await,
+            domain: format!("{}.test", uniq(tag)),
+        }
+    }
+    fn name(&self, label: &str) -> String {
+        if label.is_empty() {
+            self.domain.clone()
+        } else {
+            format!("{label}.{}", self.domain)
+        }
+    }
+    fn point(&self, name: &str) {
+        self.dns.set(name, &[IpAddr::V4(self.ns.ns_ip)]);
+    }
+}
+
+async fn tls_connect(
+    router: SocketAddr,
+    config: rustls::ClientConfig,
+    name: &str,
+) -> std::io::Result<(SocketAddr, tokio_rustls::client::TlsStream<TcpStream>)> {
+    let tcp = TcpStream::connect(router).await?;
+    let local = tcp.local_addr()?;
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_owned())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server_name, tcp)
+        .await?;
+    Ok((local, tls))
+}
+
+async fn ping(tls: &mut tokio_rustls::client::TlsStream<TcpStream>, line: &str) -> String {
+    tls.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+    let mut reader = BufReader::new(tls);
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), reader.read_line(&mut out))
+        .await
+        .expect("answer in time")
+        .unwrap();
+    out.trim_end().to_owned()
+}
+
+/// Sends raw bytes to the router and returns everything it answers until it closes.
+async fn raw_exchange(router: SocketAddr, bytes: &[u8]) -> (SocketAddr, Vec<u8>) {
+    let mut s = TcpStream::connect(router).await.unwrap();
+    let local = s.local_addr().unwrap();
+    s.write_all(bytes).await.unwrap();
+    (local, read_to_end(&mut s).await)
+}
+
+const ALERT_ACCESS_DENIED: [u8; 7] = [0x15, 3, 3, 0, 2, 2, 49];
+const ALERT_UNRECOGNIZED_NAME: [u8; 7] = [0x15, 3, 3, 0, 2, 2, 112];
+const ALERT_INTERNAL_ERROR: [u8; 7] = [0x15, 3, 3, 0, 2, 2, 80];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_allowed_end_to_end_and_logged() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("tlsok").await;
+    let name = w.name("api");
+    w.point(&name);
+    let pki = Pki::new(&[&name]);
+    let accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![name.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let (local, mut tls) = tls_connect(router.https, pki.client_config(), &name)
+        .await
+        .unwrap();
+    assert_eq!(
+        ping(&mut tls, "hello").await,
+        format!("upstream {name} hello")
+    );
+    // Upper case and a trailing dot are the same name.
+    let upper = format!("{}.", name.to_ascii_uppercase());
+    let (_, mut tls2) = tls_connect(router.https, pki.client_config(), &upper)
+        .await
+        .unwrap();
+    assert!(ping(&mut tls2, "again").await.ends_with(" again"));
+    assert_eq!(accepts.get(), 2);
+    // The TTL-honouring cache: two connections, one A lookup (the AAAA NODATA carries no SOA here,
+    // so it is not cached).
+    assert_eq!(
+        w.dns.count_type(&name, hickory_proto::rr::RecordType::A),
+        1,
+        "{:?}",
+        w.dns.queries.lock().unwrap()
+    );
+    drop(tls);
+    let event = connection_event(local).await;
+    assert_eq!(event["decision"], "allowed");
+    assert_eq!(event["listener"], "tls");
+    assert_eq!(event["name"], name.as_str());
+    assert_eq!(event["upstream"], format!("{}:443", w.ns.ns_ip));
+    assert!(event["bytes_up"].as_u64().unwrap() > 100);
+    assert!(event["bytes_down"].as_u64().unwrap() > 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_wildcard() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("wild").await;
+    let deep = w.name("a.b");
+    let apex = w.name("");
+    let look_alike = format!("bad{}", w.domain);
+    for n in [&deep, &apex, &look_alike] {
+        w.point(n);
+    }
+    let pki = Pki::new(&[&format!("*.b.{}", w.domain), &apex]);
+    let accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
+    let router = TestRouter::start(
+        Settings {
+            subdomains: vec![w.domain.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    for n in [&deep, &apex] {
+        let (_, mut tls) = tls_connect(router.https, pki.client_config(), n)
+            .await
+            .unwrap();
+        assert_eq!(ping(&mut tls, "x").await, format!("upstream {n} x"));
+    }
+    assert!(tls_connect(router.https, pki.client_config(), &look_alike)
+        .await
+        .is_err());
+    assert_eq!(refusal(&look_alike).await, "not on the allowlist");
+    assert_eq!(accepts.get(), 2);
+    assert_eq!(w.dns.count(&look_alike), 0);
+}
+
+/// Drives a rustls client by hand so the ClientHello can be re-cut: `cut` turns the hello's bytes into
+/// the writes to make (with `pause` between them); the rest of the handshake runs normally.
+fn manual_tls(
+    router: SocketAddr,
+    config: rustls::ClientConfig,
+    name: &str,
+    cut: impl Fn(Vec<u8>) -> Vec<Vec<u8>>,
+    pause: Duration,
+) -> std::io::Result<String> {
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server_name)
+        .map_err(std::io::Error::other)?;
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello)?;
+    let mut sock = std::net::TcpStream::connect(router)?;
+    sock.set_nodelay(true)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    for piece in cut(hello) {
+        sock.write_all(&piece)?;
+        std::thread::sleep(pause);
+    }
+    let mut stream = rustls::Stream::new(&mut conn, &mut sock);
+    stream.write_all(b"split\n")?;
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while stream.read(&mut byte)? == 1 && byte[0] != b'\n' {
+        out.push(byte[0]);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Re-frames a single-record hello into records of at most `size` payload bytes.
+fn refragment(hello: Vec<u8>, size: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = &hello[..];
+    while !rest.is_empty() {
+        let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        out.extend_from_slice(&build::records(&rest[5..5 + len], size));
+        rest = &rest[5 + len..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_hello_split_every_way() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("split").await;
+    let name = w.name("s");
+    w.point(&name);
+    let pki = Pki::new(&[&name]);
+    let accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![name.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let want = format!("upstream {name} split");
+    type Cut = Box<dyn Fn(Vec<u8>) -> Vec<Vec<u8>> + Send>;
+    let cases: Vec<(&str, Cut, Duration)> = vec![
+        (
+            "three writes",
+            Box::new(|h: Vec<u8>| {
+                let (a, b) = h.split_at(3);
+                let (b, c) = b.split_at(b.len() / 2);
+                vec![a.to_vec(), b.to_vec(), c.to_vec()]
+            }),
+            Duration::from_millis(30),
+        ),
+        (
+            "one byte at a time",
+            Box::new(|h: Vec<u8>| h.into_iter().map(|b| vec![b]).collect()),
+            Duration::from_micros(200),
+        ),
+        (
+            "37-byte records",
+            Box::new(|h: Vec<u8>| vec![refragment(h, 37)]),
+            Duration::ZERO,
+        ),
+        (
+            "1-byte records, byte-sized writes of 3",
+            Box::new(|h: Vec<u8>| refragment(h, 1).chunks(3).map(<[u8]>::to_vec).collect()),
+            Duration::ZERO,
+        ),
+    ];
+    for (what, cut, pause) in cases {
+        let config = pki.client_config();
+        let n = name.clone();
+        let addr = router.https;
+        let got = tokio::task::spawn_blocking(move || manual_tls(addr, config, &n, cut, pause))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.as_deref().map_err(|e| e.to_string()),
+            Ok(want.as_str()),
+            "{what}"
+        );
+    }
+    assert_eq!(accepts.get(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_twenty_kilobyte_hello() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("big").await;
+    let name = w.name("big");
+    w.point(&name);
+    let pki = Pki::new(&[&name]);
+    let accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![name.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let mut config = pki.client_config();
+    // 80 ALPN ids of 250 bytes: a ~20 KB hello, more than one TLS record.
+    config.alpn_protocols = (0..80u8).map(|i| vec![b'a' + i % 26; 250]).collect();
+    let (_, mut tls) = tls_connect(router.https, config, &name).await.unwrap();
+    assert_eq!(ping(&mut tls, "big").await, format!("upstream {name} big"));
+    assert_eq!(accepts.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refusals_never_reach_the_upstream() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("tlsno").await;
+    let ok = w.name("ok");
+    let evil = w.name("evil");
+    w.point(&ok);
+    w.point(&evil);
+    let pki = Pki::new(&[&ok, &evil]);
+    let accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![ok.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+
+    // A real client asking for a name that is not listed gets access_denied.
+    let err = tls_connect(router.https, pki.client_config(), &evil)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.to_lowercase().contains("accessdenied") || err.contains("AccessDenied"),
+        "{err}"
+    );
+    assert_eq!(refusal(&evil).await, "not on the allowlist");
+
+    // A real client sending no SNI (rustls sends none when told not to).
+    let mut no_sni = pki.client_config();
+    no_sni.enable_sni = false;
+    assert!(tls_connect(router.https, no_sni, &ok).await.is_err());
+
+    let ip_literal = w.ns.ns_ip.to_string();
+    let nul = format!("ok\0.{}", w.domain);
+    let long = "a".repeat(300);
+    let cases: Vec<(&str, Vec<u8>, [u8; 7], String)> = vec![
+        (
+            "no sni",
+            build::hello_record(&[], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "no SNI".into(),
+        ),
+        (
+            "empty sni",
+            build::hello_record(&[b""], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "empty SNI".into(),
+        ),
+        (
+            "two host names",
+            build::hello_record(&[ok.as_bytes(), evil.as_bytes()], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "several host_name entries".into(),
+        ),
+        (
+            "ip literal",
+            build::hello_record(&[ip_literal.as_bytes()], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "IP literal".into(),
+        ),
+        (
+            "nul",
+            build::hello_record(&[nul.as_bytes()], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "invalid name".into(),
+        ),
+        (
+            "star",
+            build::hello_record(&[b"*.test"], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "invalid name".into(),
+        ),
+        (
+            "percent",
+            build::hello_record(&[b"ok%2etest"], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "invalid name".into(),
+        ),
+        (
+            "slash",
+            build::hello_record(&[b"ok.test/x"], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "invalid name".into(),
+        ),
+        (
+            "at",
+            build::hello_record(&[b"u@ok.test"], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "invalid name".into(),
+        ),
+        (
+            "long",
+            build::hello_record(&[long.as_bytes()], 0),
+            ALERT_UNRECOGNIZED_NAME,
+            "invalid name".into(),
+        ),
+        (
+            "not listed",
+            build::hello_record(&[evil.as_bytes()], 0),
+            ALERT_ACCESS_DENIED,
+            "not on the allowlist".into(),
+        ),
+        (
+            "plain http",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\n\r\n").into_bytes(),
+            ALERT_ACCESS_DENIED,
+            "not a TLS handshake".into(),
+        ),
+        (
+            "sslv2",
+            vec![0x80, 0x2e, 0x01, 0x03, 0x01, 0, 0],
+            ALERT_ACCESS_DENIED,
+            "not a TLS handshake".into(),
+        ),
+    ];
+    for (what, bytes, alert, reason) in cases {
+        let (local, answer) = raw_exchange(router.https, &bytes).await;
+        assert_eq!(answer, alert, "{what}");
+        let (_, got) = refusal_from(local).await;
+        assert!(
+            got.starts_with(&reason),
+            "{what}: {got:?} does not start with {reason:?}"
+        );
+    }
+    assert_eq!(
+        accepts.get(),
+        0,
+        "a refused connection reached the upstream"
+    );
+    assert_eq!(w.dns.count(&evil), 0, "a refused name was resolved");
+    assert_eq!(w.dns.count(&ok), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebinding_to_forbidden_addresses_is_not_dialled() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("rebind").await;
+    let to_loopback = w.name("lo");
+    let to_mapped = w.name("mapped");
+    let to_own = w.name("own");
+    let mixed = w.name("mixed");
+    w.dns.set(&to_loopback, &["127.0.0.1".parse().unwrap()]);
+    w.dns
+        .set(&to_mapped, &["::ffff:127.0.0.1".parse().unwrap()]);
+    w.dns.set(&to_own, &[IpAddr::V4(w.ns.host_ip)]);
+    w.dns.set(
+        &mixed,
+        &[IpAddr::V4(w.ns.ns_ip), "169.254.169.254".parse().unwrap()],
+    );
+    // Listeners where a dial would land: on the router's own veth address, and in the namespace.
+    let own_listener = tokio::net::TcpListener::bind((w.ns.host_ip, 443))
+        .await
+        .unwrap();
+    let own_accepts = echo_upstream(own_listener);
+    let ns_accepts = echo_upstream(w.ns.bind(443));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![
+                to_loopback.clone(),
+                to_mapped.clone(),
+                to_own.clone(),
+                mixed.clone(),
+            ],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let cases = [
+        (&to_loopback, "resolves to a forbidden address 127.0.0.1"),
+        (
+            &to_mapped,
+            "resolves to a forbidden address ::ffff:127.0.0.1",
+        ),
+        (&to_own, "resolves to a forbidden address"),
+        (&mixed, "resolves to a forbidden address 169.254.169.254"),
+    ];
+    for (name, reason) in cases {
+        let (_, answer) =
+            raw_exchange(router.https, &build::hello_record(&[name.as_bytes()], 0)).await;
+        assert_eq!(answer, ALERT_ACCESS_DENIED, "{name}");
+        let got = refusal(name).await;
+        assert!(got.starts_with(reason), "{name}: {got}");
+        // Same over HTTP: a 403 that says why.
+        let mut s = TcpStream::connect(router.http).await.unwrap();
+        s.write_all(format!("GET / HTTP/1.1\r\nHost: {name}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let (status, body) = read_response(&mut BufReader::new(s)).await.unwrap();
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("forbidden address"), "{body}");
+    }
+    assert_eq!(own_accepts.get(), 0);
+    assert_eq!(ns_accepts.get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_closes_promptly() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("down").await;
+    let name = w.name("down");
+    let nx = w.name("nx");
+    w.point(&name);
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![name.clone(), nx.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    // Nothing listens in the namespace: connection refused at once.
+    let start = Instant::now();
+    let (_, answer) = raw_exchange(router.https, &build::hello_record(&[name.as_bytes()], 0)).await;
+    assert_eq!(answer, ALERT_INTERNAL_ERROR);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let mut s = TcpStream::connect(router.http).await.unwrap();
+    s.write_all(format!("GET / HTTP/1.1\r\nHost: {name}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (status, body) = read_response(&mut BufReader::new(s)).await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    // A name that does not resolve.
+    let (_, answer) = raw_exchange(router.https, &build::hello_record(&[nx.as_bytes()], 0)).await;
+    assert_eq!(answer, ALERT_INTERNAL_ERROR);
+    // The router carries on.
+    let (_, answer) = raw_exchange(router.https, b"junk").await;
+    assert_eq!(answer, ALERT_ACCESS_DENIED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_clients_are_closed_after_the_peek_timeout() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("stall").await;
+    let name = w.name("s");
+    w.point(&name);
+    let accepts = echo_upstream(w.ns.bind(443));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![name.clone()],
+            peek_timeout_secs: 1,
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let hello = build::hello_record(&[name.as_bytes()], 0);
+    let start = Instant::now();
+    let (local, answer) = raw_exchange(router.https, &hello[..hello.len() - 1]).await;
+    let took = start.elapsed();
+    assert_eq!(answer, ALERT_ACCESS_DENIED);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    assert_eq!(refusal_from(local).await.1, "peek timeout");
+    let start = Instant::now();
+    let (local, answer) = raw_exchange(
+        router.http,
+        format!("GET / HTTP/1.1\r\nHost: {name}\r\n").as_bytes(),
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 408 "));
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert_eq!(refusal_from(local).await.1, "peek timeout");
+    assert_eq!(accepts.get(), 0);
+}
+
+/// Sends one request on a fresh connection and reads one response.
+async fn http_once(router: SocketAddr, request: &str) -> (SocketAddr, Option<(u16, String)>) {
+    let s = TcpStream::connect(router).await.unwrap();
+    let local = s.local_addr().unwrap();
+    let mut s = BufReader::new(s);
+    s.get_mut().write_all(request.as_bytes()).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s))
+        .await
+        .unwrap();
+    (local, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_routing_and_refusals() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("http").await;
+    let ok = w.name("www");
+    let evil = w.name("evil");
+    w.point(&ok);
+    w.point(&evil);
+    let accepts = http_upstream(w.ns.bind(80));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![ok.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+
+    let (_, r) = http_once(
+        router.http,
+        &format!("GET /a HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(r.unwrap(), (200, format!("host={ok} path=/a len=0 sum=0")));
+    let (_, r) = http_once(
+        router.http,
+        &format!("GET /b HTTP/1.1\r\nHost: {}:80\r\n\r\n", ok.to_uppercase()),
+    )
+    .await;
+    assert_eq!(r.unwrap().0, 200);
+    let (_, r) = http_once(
+        router.http,
+        &format!("GET http://{ok}/c HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(r.unwrap().0, 200);
+    let (_, r) = http_once(
+        router.http,
+        &format!("GET /d HTTP/1.0\r\nHost: {ok}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(r.unwrap().0, 200);
+    assert_eq!(accepts.get(), 4);
+
+    let refused: Vec<(&str, String, u16, &str)> = vec![
+        ("not listed", format!("GET / HTTP/1.1\r\nHost: {evil}\r\n\r\n"), 403, "not on the allowlist"),
+        ("ip literal", format!("GET / HTTP/1.1\r\nHost: {}\r\n\r\n", w.ns.ns_ip), 403, "IP literal"),
+        ("no host 1.0", "GET / HTTP/1.0\r\n\r\n".to_owned(), 400, "no Host header"),
+        ("duplicate host", format!("GET / HTTP/1.1\r\nHost: {ok}\r\nHost: {evil}\r\n\r\n"), 400, "several Host headers"),
+        (
+            "absolute-form mismatch",
+            format!("GET http://{evil}/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            400,
+            "the request target names",
+        ),
+        ("connect", format!("CONNECT {ok}:443 HTTP/1.1\r\nHost: {ok}:443\r\n\r\n"), 405, "CONNECT"),
+        ("h2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_owned(), 400, "HTTP/2 prior knowledge"),
+        ("h2c upgrade", format!("GET / HTTP/1.1\r\nHost: {ok}\r\nUpgrade: h2c\r\nHTTP2-Settings: AA\r\n\r\n"), 400, "upgrade to HTTP/2"),
+        (
+            "te+cl",
+            format!("POST / HTTP/1.1\r\nHost: {ok}\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+            400,
+            "both Transfer-Encoding",
+        ),
+        ("nul in host", format!("GET / HTTP/1.1\r\nHost: a\0{ok}\r\n\r\n"), 400, "malformed"),
+        ("at in host", format!("GET / HTTP/1.1\r\nHost: x@{ok}\r\n\r\n"), 400, "invalid name"),
+    ];
+    for (what, req, status, reason) in refused {
+        let (local, r) = http_once(router.http, &req).await;
+        let (got, body) = r.unwrap_or_else(|| panic!("{what}: no response"));
+        assert_eq!(got, status, "{what}: {body}");
+        let (_, logged) = refusal_from(local).await;
+        assert!(
+            logged.contains(reason),
+            "{what}: {logged:?} lacks {reason:?}"
+        );
+        if status == 403 {
+            assert!(body.contains("not on the sandbox allowlist"), "{body}");
+            assert!(
+                body.contains("~/.config/agent-sandbox/allowed-hosts"),
+                "{body}"
+            );
+        }
+    }
+    let (_, r) = http_once(
+        router.http,
+        &format!("GET / HTTP/1.1\r\nHost: {evil}\r\n\r\n"),
+    )
+    .await;
+    assert!(r.unwrap().1.contains(&evil));
+    assert_eq!(accepts.get(), 4, "a refused request reached the upstream");
+    assert_eq!(w.dns.count(&evil), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_keep_alive_host_switch_is_refused() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("ka").await;
+    let ok = w.name("ok");
+    let other = w.name("other");
+    w.point(&ok);
+    w.point(&other);
+    let accepts = http_upstream(w.ns.bind(80));
+    let router = TestRouter::start(
+        Settings {
+            // Both are allowed: switching between two allowed names is still refused.
+            hosts: vec![ok.clone(), other.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let s = TcpStream::connect(router.http).await.unwrap();
+    let local = s.local_addr().unwrap();
+    let mut s = BufReader::new(s);
+    // Two pipelined requests for the same host, then one for another host, all in one write.
+    let req = format!(
+        "GET /1 HTTP/1.1\r\nHost: {ok}\r\n\r\nPOST /2 HTTP/1.1\r\nHost: {ok}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /3 HTTP/1.1\r\nHost: {other}\r\n\r\n"
+    );
+    s.get_mut().write_all(req.as_bytes()).await.unwrap();
+    let r1 = read_response(&mut s).await.unwrap();
+    assert_eq!(r1, (200, format!("host={ok} path=/1 len=0 sum=0")));
+    let r2 = read_response(&mut s).await.unwrap();
+    assert_eq!(r2, (200, format!("host={ok} path=/2 len=3 sum=294")));
+    let (status, body) = read_response(&mut s).await.unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains(&other), "{body}");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    let (name, reason) = refusal_from(local).await;
+    assert_eq!(name, other);
+    assert!(reason.contains("Host changed"), "{reason}");
+    assert_eq!(accepts.get(), 1);
+    assert_eq!(w.dns.count(&other), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_large_post_and_upgrade() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("post").await;
+    let ok = w.name("ok");
+    w.point(&ok);
+    let _accepts = http_upstream(w.ns.bind(80));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![ok.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let body: Vec<u8> = (0..20_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let sum = body.iter().fold(0u64, |s, b| s + u64::from(*b));
+    let s = TcpStream::connect(router.http).await.unwrap();
+    let mut s = BufReader::new(s);
+    let head = format!(
+        "POST /big HTTP/1.1\r\nHost: {ok}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let (mut r, mut wr) = s.get_mut().split();
+    let send = async {
+        wr.write_all(head.as_bytes()).await.unwrap();
+        wr.write_all(&body).await.unwrap();
+        // A second request on the same connection after the body: chunked.
+        wr.write_all(format!("POST /c HTTP/1.1\r\nHost: {ok}\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nwxyz\r\n0\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+    };
+    let recv = async {
+        let mut br = BufReader::new(&mut r);
+        let a = read_response(&mut br).await.unwrap();
+        let b = read_response(&mut br).await.unwrap();
+        (a, b)
+    };
+    let ((), (a, b)) = tokio::join!(send, recv);
+    assert_eq!(
+        a,
+        (
+            200,
+            format!("host={ok} path=/big len={} sum={sum}", body.len())
+        )
+    );
+    assert_eq!(
+        b.1,
+        format!("host={ok} path=/c len=4 sum={}", 119 + 120 + 121 + 122)
+    );
+    drop(s);
+
+    // WebSocket-style upgrade on a fresh connection: after the 101, raw bytes both ways.
+    let mut s = TcpStream::connect(router.http).await.unwrap();
+    s.write_all(
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: {ok}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut br = BufReader::new(&mut s);
+    let mut status = String::new();
+    br.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    loop {
+        let mut l = String::new();
+        br.read_line(&mut l).await.unwrap();
+        if l == "\r\n" {
+            break;
+        }
+    }
+    // Bytes that would be a request for another host are just data now.
+    let smuggled = b"GET / HTTP/1.1\r\nHost: elsewhere\r\n\r\n";
+    br.get_mut().write_all(smuggled).await.unwrap();
+    let mut echoed = vec![0u8; smuggled.len()];
+    br.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, smuggled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_port_entries() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("fwd").await;
+    let db = w.name("db");
+    w.point(&db);
+    let accepts = echo_upstream(w.ns.bind(5432));
+    let router = TestRouter::start(
+        Settings {
+            forwards: vec![(db.clone(), 5432)],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let mut s = TcpStream::connect(router.forward(&db, 5432)).await.unwrap();
+    let local = s.local_addr().unwrap();
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| i as u8).collect();
+    s.write_all(&data).await.unwrap();
+    // Half-close: the echo comes back in full after our FIN.
+    s.shutdown().await.unwrap();
+    let back = read_to_end(&mut s).await;
+    assert_eq!(back.len(), data.len());
+    assert!(back == data);
+    assert_eq!(accepts.get(), 1);
+    let e = connection_event(local).await;
+    assert_eq!(e["listener"], "forward");
+    assert_eq!(e["bytes_up"].as_u64(), Some(1_000_000));
+    assert_eq!(e["bytes_down"].as_u64(), Some(1_000_000));
+    // The entry's host is also allowed on 443/80 by policy, but the forward goes to its port only.
+    assert_eq!(e["upstream"], format!("{}:5432", w.ns.ns_ip));
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_concurrent_connections_and_no_leaks() {
+    require_netns!();
+    let _g = FD_LOCK.write().await;
+    let w = World::new("load").await;
+    let ok = w.name("ok");
+    let db = w.name("db");
+    w.point(&ok);
+    w.point(&db);
+    let pki = Pki::new(&[&ok]);
+    let tls_accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
+    let fwd_accepts = echo_upstream(w.ns.bind(5432));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![ok.clone()],
+            forwards: vec![(db.clone(), 5432)],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    // Warm up (resolver sockets, caches), then take the baseline.
+    let (_, mut t) = tls_connect(router.https, pki.client_config(), &ok)
+        .await
+        .unwrap();
+    ping(&mut t, "warm").await;
+    drop(t);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let baseline = open_fds();
+
+    let fwd = router.forward(&db, 5432);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..400u32 {
+        set.spawn(async move {
+            let mut s = TcpStream::connect(fwd).await.unwrap();
+            let msg = format!("conn {i}\n");
+            s.write_all(msg.as_bytes()).await.unwrap();
+            let mut buf = vec![0u8; msg.len()];
+            s.read_exact(&mut buf).await.unwrap();
+            assert_eq!(buf, msg.as_bytes());
+            s
+        });
+    }
+    let mut open = Vec::new();
+    while let Some(r) = set.join_next().await {
+        open.push(r.unwrap());
+    }
+    // All 400 are open at once through the router.
+    assert_eq!(open.len(), 400);
+    let config = Arc::new(pki.client_config());
+    let mut tls_set = tokio::task::JoinSet::new();
+    for i in 0..100u32 {
+        let config = Arc::clone(&config);
+        let ok = ok.clone();
+        let addr = router.https;
+        tls_set.spawn(async move {
+            let (_, mut t) = tls_connect(addr, (*config).clone(), &ok).await.unwrap();
+            assert!(ping(&mut t, &format!("t{i}"))
+                .await
+                .ends_with(&format!("t{i}")));
+        });
+    }
+    while let Some(r) = tls_set.join_next().await {
+        r.unwrap();
+    }
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = open_fds();
+        if now <= baseline {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "descriptors: {now} now, {baseline} before"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(fwd_accepts.get(), 400);
+    assert_eq!(tls_accepts.get(), 101);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_returns_promptly_on_shutdown() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("stop").await;
+    let db = w.name("db");
+    w.point(&db);
+    let _accepts = echo_upstream(w.ns.bind(5432));
+    let mut router = TestRouter::start(
+        Settings {
+            forwards: vec![(db.clone(), 5432)],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    // A long-lived relay in flight must not hold the shutdown back.
+    let mut s = TcpStream::connect(router.forward(&db, 5432)).await.unwrap();
+    s.write_all(b"x").await.unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await.unwrap();
+    let start = Instant::now();
+    router.stop.cancel();
+    for t in router.tasks.drain(..) {
+        tokio::time::timeout(Duration::from_secs(1), t)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert!(start.elapsed() < Duration::from_millis(500));
+    // The relay was dropped: the client sees the close.
+    assert!(read_to_end(&mut s).await.is_empty());
+}
