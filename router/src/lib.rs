@@ -88,16 +88,7 @@ pub async fn bind(config: &ValidConfig) -> anyhow::Result<Listeners> {
         forwards: Vec::new(),
     };
     if let Some(addr) = listen.dns {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let udp = dns_udp::bind_many(addr, cores)
-            .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?;
-        // Port 0 in tests: TCP takes the port UDP was given, so one address serves both.
-        let tcp_addr = udp
-            .first()
-            .and_then(|s| s.local_addr().ok())
-            .unwrap_or(addr);
-        let tcp = bind_tcp(tcp_addr)
-            .with_context(|| format!("cannot listen for DNS on {tcp_addr} (tcp)"))?;
+        let (udp, tcp) = bind_dns(addr)?;
         listeners.dns_udp = udp;
         listeners.dns_tcp = Some(tcp);
     }
@@ -115,6 +106,28 @@ pub async fn bind(config: &ValidConfig) -> anyhow::Result<Listeners> {
         listeners.forwards.push((host.clone(), *port, l));
     }
     Ok(listeners)
+}
+
+/// DNS sockets: one UDP socket per core sharing the port, and TCP on the same port. With port 0 (tests),
+/// TCP takes the port UDP was given; if another socket already has that TCP port, try another.
+fn bind_dns(addr: SocketAddr) -> anyhow::Result<(Vec<UdpSocket>, TcpListener)> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let attempts = if addr.port() == 0 { 20 } else { 1 };
+    let mut last_error = None;
+    for _ in 0..attempts {
+        let udp = dns_udp::bind_many(addr, cores)
+            .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?;
+        let tcp_addr = udp
+            .first()
+            .and_then(|s| s.local_addr().ok())
+            .unwrap_or(addr);
+        match bind_tcp(tcp_addr) {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) => last_error = Some((tcp_addr, e)),
+        }
+    }
+    let (tcp_addr, e) = last_error.expect("the loop runs at least once");
+    Err(anyhow::Error::new(e).context(format!("cannot listen for DNS on {tcp_addr} (tcp)")))
 }
 
 /// A TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT) and a deep backlog.
@@ -135,6 +148,8 @@ pub async fn run(
     stats: Arc<DnsStats>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Everything that can fail is set up before anything is served.
+    let proxy = Arc::new(proxy::Proxy::new(&config).context("cannot set up the proxy")?);
     let policy = Arc::new(config.policy.clone());
     let mut tasks = JoinSet::new();
 
@@ -157,7 +172,16 @@ pub async fn run(
         dns_server = Some(server);
     }
 
-    let _ = &mut tasks as &mut JoinSet<()>;
+    if let Some(l) = listeners.https {
+        tasks.spawn(Arc::clone(&proxy).serve_https(l, shutdown.child_token()));
+    }
+    if let Some(l) = listeners.http {
+        tasks.spawn(Arc::clone(&proxy).serve_http(l, shutdown.child_token()));
+    }
+    for (host, port, l) in listeners.forwards {
+        tasks.spawn(Arc::clone(&proxy).serve_forward(l, host, port, shutdown.child_token()));
+    }
+
     shutdown.cancelled().await;
     info!("shutting down");
     let drain = async {

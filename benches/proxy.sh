@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Proxy benchmark: agent-sandbox-router (standalone) vs nginx (stream ssl_preread on 443, Host-routing
+# proxy_pass on 80) vs connecting directly, against the same upstream, in one run.
+#
+# The upstream is an nginx in a network namespace this script creates (198.18.0.2, RFC 2544 benchmarking
+# range), reached over a veth pair: the router refuses to dial loopback by design. The name
+# upstream.test resolves to it through a dnsmasq on loopback that only the router and the test clients
+# use. Root only. Traffic stays on this machine. Usage: benches/proxy.sh [SECONDS] [OUT.md]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+out=${2:-/dev/stdout}
+router=${ROUTER_BIN:-target/release/agent-sandbox-router}
+[ -x "$router" ] || cargo build --release -p agent-sandbox-router
+[ "$(id -u)" = 0 ] || { echo "benches/proxy.sh needs root (network namespace)" >&2; exit 1; }
+for tool in nginx dnsmasq wrk curl openssl python3 unshare; do
+    command -v "$tool" >/dev/null || { echo "missing $tool (make bench installs the tools)" >&2; exit 1; }
+done
+
+ns="asb-bench-$$"
+veth="asbb$$"
+work=$(mktemp -d)
+chmod 755 "$work"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    local f
+    for f in "$work/nginx-up.pid" "$work/nginx-px.pid"; do
+        if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    done
+    ip link del "$veth" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# --- the upstream host ---------------------------------------------------------------------------
+ip netns add "$ns"
+ip link add "$veth" type veth peer name eth0 netns "$ns"
+ip addr add 198.18.0.1/30 dev "$veth"
+ip link set "$veth" up
+ip -n "$ns" addr add 198.18.0.2/30 dev eth0
+ip -n "$ns" link set eth0 up
+ip -n "$ns" link set lo up
+
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=upstream.test \
+    -addext subjectAltName=DNS:upstream.test -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+mkdir -p "$work/www"
+echo "hello from upstream" >"$work/www/small"
+truncate -s 1G "$work/www/bulk"
+
+mime=/etc/nginx/mime.types
+[ -f "$mime" ] || mime=/dev/null
+cat >"$work/nginx-up.conf" <<EOF
+worker_processes 1;
+pid $work/nginx-up.pid;
+error_log $work/nginx-up.err warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    sendfile on;
+    keepalive_requests 1000000;
+    server {
+        listen 198.18.0.2:80 backlog=4096;
+        listen 198.18.0.2:443 ssl backlog=4096;
+        ssl_certificate $work/cert.pem;
+        ssl_certificate_key $work/key.pem;
+        root $work/www;
+    }
+}
+EOF
+ip netns exec "$ns" nginx -c "$work/nginx-up.conf" -e "$work/nginx-up.err"
+
+# --- name service for upstream.test --------------------------------------------------------------
+dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
+    --listen-address=127.0.3.1 --port=5353 --user="$(id -un)" --pid-file= \
+    --address=/upstream.test/198.18.0.2 --address=/#/ 2>"$work/resolver.log" &
+pids+=($!)
+
+# --- the contenders ------------------------------------------------------------------------------
+printf 'upstream.test\n' >"$work/allowed-hosts"
+"$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
+    --http 127.0.1.1:80 --https 127.0.1.1:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
+    2>"$work/router.log" &
+pids+=($!)
+router_pid=$!
+
+cat >"$work/nginx-px.conf" <<EOF
+worker_processes auto;
+worker_rlimit_nofile 20000;
+pid $work/nginx-px.pid;
+error_log $work/nginx-px.err warn;
+load_module /usr/lib/nginx/modules/ngx_stream_module.so;
+events { worker_connections 8192; }
+stream {
+    map \$ssl_preread_server_name \$upstream {
+        upstream.test 198.18.0.2:443;
+        default 127.0.0.1:9;
+    }
+    server {
+        listen 127.0.2.1:443 backlog=4096;
+        ssl_preread on;
+        proxy_pass \$upstream;
+    }
+}
+http {
+    access_log off;
+    upstream up80 { server 198.18.0.2:80; keepalive 64; }
+    server {
+        listen 127.0.2.1:80 backlog=4096;
+        server_name upstream.test;
+        location / {
+            proxy_pass http://up80;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+    server { listen 127.0.2.1:80 default_server; return 403; }
+}
+EOF
+nginx -c "$work/nginx-px.conf" -e "$work/nginx-px.err"
+dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
+    --listen-address=127.0.2.1 --port=5302 --user="$(id -un)" --pid-file= \
+    --address=/upstream.test/127.0.2.1 --address=/#/ 2>"$work/dnsmasq.log" &
+pids+=($!)
+dnsmasq_pid=$!
+
+ready() { curl -sk --max-time 2 --resolve "upstream.test:443:$1" https://upstream.test/small >/dev/null; }
+for _ in $(seq 100); do
+    ready 127.0.1.1 && ready 127.0.2.1 && ready 198.18.0.2 && break
+    sleep 0.1
+done
+ready 127.0.1.1 || { echo "router not ready:"; cat "$work/router.log"; exit 1; } >&2
+
+declare -A target=([router]=127.0.1.1 [nginx]=127.0.2.1 [direct]=198.18.0.2)
+
+# wrk resolves names with getaddrinfo and has no --resolve: give it a private /etc/hosts.
+wrk_at() { # ip url [wrk args...]
+    local ip=$1 url=$2
+    shift 2
+    printf '%s upstream.test\n' "$ip" >"$work/hosts.$ip"
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    unshare --mount sh -c 'mount --bind "$1" /etc/hosts && shift && exec wrk "$@"' sh "$work/hosts.$ip" \
+        "$@" --latency "$url"
+}
+rps() { awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
+
+pids_rss() { # sum VmRSS (KiB) of the given pids
+    local total=0 p
+    for p in "$@"; do
+        total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+nginx_pids() { pgrep -f "nginx.*$work/nginx-px.conf" ; pgrep -P "$(cat "$work/nginx-px.pid")"; }
+
+declare -A result
+for who in router nginx direct; do
+    ip=${target[$who]}
+    result[$who,https_keepalive]=$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)
+    result[$who,https_new]=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    result[$who,http_new]=$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
+    result[$who,bulk]=$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')
+done
+
+# RSS idle (after the load, sockets closed) and with 1,000 open TLS connections.
+idle_router=$(pids_rss "$router_pid")
+# shellcheck disable=SC2046
+idle_nginx=$(pids_rss $(nginx_pids | sort -u) "$dnsmasq_pid")
+hold() { # ip: opens 1000 TLS connections through the proxy, prints "open" and holds them until stdin closes
+    python3 - "$1" <<'PY'
+import asyncio, ssl, sys
+ip = sys.argv[1]
+async def main():
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    conns = []
+    for _ in range(10):
+        batch = await asyncio.gather(*[asyncio.open_connection(ip, 443, ssl=ctx, server_hostname="upstream.test") for _ in range(100)])
+        conns.extend(batch)
+    print("open", len(conns), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+PY
+}
+measure_hold() { # ip pids...
+    local ip=$1 fifo="$work/hold.fifo" rss
+    shift
+    rm -f "$fifo"
+    mkfifo "$fifo"
+    hold "$ip" <"$fifo" >"$work/hold.out" &
+    local hp=$!
+    exec 9>"$fifo"
+    for _ in $(seq 300); do grep -q '^open 1000' "$work/hold.out" 2>/dev/null && break; sleep 0.1; done
+    grep -q '^open 1000' "$work/hold.out" || { echo "could not open 1000 connections via $ip" >&2; }
+    rss=$(pids_rss "$@")
+    exec 9>&-
+    wait "$hp" || true
+    echo "$rss"
+}
+ulimit -n 20000
+busy_router=$(measure_hold 127.0.1.1 "$router_pid")
+# shellcheck disable=SC2046
+busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+{
+    echo "| measure | router | nginx | direct | router/nginx | router/direct |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    for m in https_keepalive https_new http_new bulk; do
+        case $m in
+            https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
+            https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
+            http_new) label="new HTTP connections/s (wrk -c32, Connection: close)" ;;
+            bulk) label="bulk 1 GiB over HTTP, MiB/s (curl)" ;;
+        esac
+        r=${result[router,$m]} n=${result[nginx,$m]} d=${result[direct,$m]}
+        echo "| $label | $r | $n | $d | $(ratio "$r" "$n") | $(ratio "$r" "$d") |"
+    done
+    echo
+    echo "| RSS (KiB) | router | nginx + dnsmasq | router / (nginx + dnsmasq) |"
+    echo "|---|---:|---:|---:|"
+    echo "| idle (after load) | $idle_router | $idle_nginx | $(ratio "$idle_router" "$idle_nginx") |"
+    echo "| 1,000 open TLS connections | $busy_router | $busy_nginx | $(ratio "$busy_router" "$busy_nginx") |"
+} >"$out"
+[ "$out" = /dev/stdout ] || cat "$out"
