@@ -586,6 +586,26 @@ async fn stalled_clients_are_closed_after_the_peek_timeout() {
     assert!(start.elapsed() < Duration::from_secs(4));
     assert_eq!(refusal_from(local).await.1, "peek timeout");
     assert_eq!(accepts.get(), 0);
+
+    // On a kept-alive connection, a later head that stalls half-way is cut off too.
+    let http_accepts = http_upstream(w.ns.bind(80));
+    let s = TcpStream::connect(router.http).await.unwrap();
+    let mut s = BufReader::new(s);
+    s.get_mut()
+        .write_all(
+            format!("GET /1 HTTP/1.1\r\nHost: {name}\r\n\r\nGET /2 HTTP/1.1\r\nHo").as_bytes(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    let start = Instant::now();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 408);
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(http_accepts.get(), 1);
 }
 
 /// Sends one request on a fresh connection and reads one response.

@@ -338,7 +338,7 @@ impl Proxy {
         let log = ConnLog::new(peer, Kind::Http);
         let mut buf = Vec::with_capacity(PEEK_READ);
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
-        let head = match read_head(&client, &mut buf, Some(deadline)).await {
+        let head = match read_head(&client, &mut buf, Some(deadline), self.peek_timeout).await {
             HeadRead::Head(h) => h,
             HeadRead::Eof => {
                 if buf.is_empty() {
@@ -580,7 +580,7 @@ impl Proxy {
                 }
             }
             index += 1;
-            head = match read_head(client, &mut buf, None).await {
+            head = match read_head(client, &mut buf, None, self.peek_timeout).await {
                 HeadRead::Head(h) => h,
                 HeadRead::Eof if buf.is_empty() => return RequestsEnd::ClientDone,
                 HeadRead::Eof => {
@@ -670,14 +670,17 @@ enum HeadRead {
     Bad(HeadError),
 }
 
-/// Reads until `buf` starts with a complete head. With no `deadline`, the wait for a first byte is
-/// unbounded (an idle kept-alive connection) and the rest of the head gets one peek timeout's worth...
-/// in practice the caller passes `None` only between requests, where TCP keepalive covers a dead peer.
+/// Reads until `buf` starts with a complete head. With a `deadline`, the whole head must arrive by then
+/// (the first request). Without one (between requests on a kept-alive connection) the wait for the first
+/// byte is unbounded — TCP keepalive covers a vanished peer — but once a head has begun it must be
+/// complete within `peek_timeout`.
 async fn read_head(
     client: &TcpStream,
     buf: &mut Vec<u8>,
     deadline: Option<tokio::time::Instant>,
+    peek_timeout: Duration,
 ) -> HeadRead {
+    let mut deadline = deadline;
     loop {
         if !buf.is_empty() {
             match http::parse_request_head(buf) {
@@ -685,6 +688,7 @@ async fn read_head(
                 Ok(None) => {}
                 Err(e) => return HeadRead::Bad(e),
             }
+            deadline.get_or_insert_with(|| tokio::time::Instant::now() + peek_timeout);
         }
         let read = read_some(client, buf, PEEK_READ);
         let n = match deadline {

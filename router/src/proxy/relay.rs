@@ -5,7 +5,8 @@
 //! the other direction keeps flowing), so protocols that send a FIN and then wait for an answer work.
 //!
 //! On Linux the bytes go through a pipe with splice(2), never entering user space; if a pipe cannot be
-//! had (descriptor limits), a user-space copy through one buffer does the same job. Both work on shared
+//! had (descriptor limits), or `AGENT_SANDBOX_NO_SPLICE` is set, a user-space copy through one buffer
+//! does the same job. Both work on shared
 //! `&TcpStream`s with tokio's readiness API, so the two directions need no split and no extra task.
 
 use std::io;
@@ -69,6 +70,13 @@ fn splice(from: libc::c_int, to: libc::c_int, len: usize) -> io::Result<usize> {
     }
 }
 
+/// splice(2) unless `AGENT_SANDBOX_NO_SPLICE` is set (read once): a switch for benchmarking the two
+/// paths against each other, and for kernels or sandboxes (gVisor) where splice misbehaves.
+fn splice_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var_os("AGENT_SANDBOX_NO_SPLICE").is_none())
+}
+
 /// Shuts down the write side of `stream`, passing a half-close on. Errors (the peer already gone) are
 /// irrelevant: the other direction notices on its own.
 pub(crate) fn shutdown_write(stream: &TcpStream) {
@@ -80,7 +88,8 @@ pub(crate) fn shutdown_write(stream: &TcpStream) {
 /// cut short.
 pub(crate) async fn pump(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
     match Pipe::new() {
-        Ok(pipe) => pump_splice(src, dst, pipe, counter).await,
+        Ok(pipe) if splice_enabled() => pump_splice(src, dst, pipe, counter).await,
+        Ok(_) => pump_copy(src, dst, counter).await,
         Err(_) => pump_copy(src, dst, counter).await,
     }
 }

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox_shared::HostName;
 use hickory_resolver::config::{
-    ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig,
+    ResolverOpts,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
@@ -298,6 +299,10 @@ impl Upstream {
         let opts: &mut ResolverOpts = builder.options_mut();
         // Names are always given fully qualified; never append search domains.
         opts.ndots = 0;
+        // IPv4 first, AAAA only when there is no A: egress networks (podman's included) are often
+        // IPv4-only, and hickory's default (AAAA first, in parallel) would dial unroutable addresses
+        // first and query twice per name.
+        opts.ip_strategy = LookupIpStrategy::Ipv4thenIpv6;
         opts.timeout = connect_timeout.min(Duration::from_secs(3));
         let resolver = builder
             .build()
