@@ -1124,3 +1124,44 @@ async fn real_binary_json_log_contract() {
     drop(tls);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_holds_extra_connections_in_the_backlog() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("cap").await;
+    let db = w.name("db");
+    w.point(&db);
+    let accepts = echo_upstream(w.ns.bind(5432));
+    let router = TestRouter::start(
+        Settings {
+            forwards: vec![(db.clone(), 5432)],
+            max_connections: 2,
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let addr = router.forward(&db, 5432);
+    let echo = |mut s: TcpStream| async move {
+        s.write_all(b"x").await.unwrap();
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(Duration::from_millis(500), s.read_exact(&mut b)).await;
+        (s, r.is_ok())
+    };
+    let (c1, ok1) = echo(TcpStream::connect(addr).await.unwrap()).await;
+    let (_c2, ok2) = echo(TcpStream::connect(addr).await.unwrap()).await;
+    assert!(ok1 && ok2);
+    // The third waits in the kernel's backlog: no relay, no upstream connection.
+    let (mut c3, ok3) = echo(TcpStream::connect(addr).await.unwrap()).await;
+    assert!(!ok3, "a third connection was served past the cap of 2");
+    assert_eq!(accepts.get(), 2);
+    drop(c1);
+    let mut b = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(5), c3.read_exact(&mut b))
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert_eq!(&b, b"x");
+    assert_eq!(accepts.get(), 3);
+}

@@ -169,16 +169,22 @@ impl Proxy {
         let mut backoff = Duration::from_millis(10);
         loop {
             while tasks.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                () = shutdown.cancelled() => break,
-                p = Arc::clone(&self.limit).acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-            };
+            // Accept first, then wait for a slot: a permit taken before accept() would sit idle in
+            // every quiet listener and starve the busy one. While this loop waits for a slot it accepts
+            // nothing more, so the excess waits in the kernel's backlog.
             let accepted = tokio::select! {
                 () = shutdown.cancelled() => break,
                 a = listener.accept() => a,
+            };
+            let permit = match &accepted {
+                Ok(_) => tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    p = Arc::clone(&self.limit).acquire_owned() => match p {
+                        Ok(p) => Some(p),
+                        Err(_) => break,
+                    },
+                },
+                Err(_) => None,
             };
             match accepted {
                 Ok((stream, peer)) => {
@@ -200,7 +206,6 @@ impl Proxy {
                     );
                 }
                 Err(error) => {
-                    drop(permit);
                     if is_resource_exhaustion(&error) {
                         // Out of descriptors or memory: spinning on accept would only burn CPU.
                         warn!(listener = kind.as_str(), %error, backoff_ms = backoff.as_millis() as u64, "cannot accept; backing off");
@@ -252,6 +257,7 @@ impl Proxy {
                 },
             }
         };
+        drop(buf);
         let shown = show(&sni);
         let name = match std::str::from_utf8(&sni) {
             Ok(s) => self.policy.decide(s),
@@ -295,6 +301,7 @@ impl Proxy {
             return;
         }
         log.up(hello.len() as u64);
+        drop(hello);
         if let Err(error) = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down).await {
             debug!(%error, "relay ended with an error");
         }
@@ -580,6 +587,10 @@ impl Proxy {
                 }
             }
             index += 1;
+            if buf.is_empty() {
+                // An idle kept-alive connection holds no buffer while it waits.
+                buf = Vec::new();
+            }
             head = match read_head(client, &mut buf, None, self.peek_timeout).await {
                 HeadRead::Head(h) => h,
                 HeadRead::Eof if buf.is_empty() => return RequestsEnd::ClientDone,

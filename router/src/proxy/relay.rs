@@ -171,24 +171,23 @@ pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()
     Ok(())
 }
 
-/// Reads once from a shared stream into `buf` (appending); `Ok(0)` is end of stream.
+/// Reads once from a shared stream into `buf` (appending at most `max` bytes); `Ok(0)` is end of stream.
+/// The buffer only grows once data is there, so an idle connection waiting here holds no buffer.
 pub(crate) async fn read_some(src: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
     let start = buf.len();
-    buf.resize(start + max, 0);
-    let result = loop {
-        match src.try_read(&mut buf[start..]) {
-            Ok(n) => break Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = src.readable().await {
-                    break Err(e);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
+    loop {
+        src.readable().await?;
+        buf.resize(start + max, 0);
+        let result = src.try_read(&mut buf[start..]);
+        buf.truncate(start + *result.as_ref().unwrap_or(&0));
+        match result {
+            Ok(n) => return Ok(n),
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-    };
-    buf.truncate(start + *result.as_ref().unwrap_or(&0));
-    result
+    }
 }
 
 /// Relays both directions until both have ended (or one fails). Returns bytes client→upstream and
