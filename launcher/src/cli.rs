@@ -15,7 +15,7 @@ use clap::Parser;
 #[command(
     name = "agent-sandbox",
     version,
-    override_usage = "agent-sandbox [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox --build-images [--base-image IMAGE]",
+    override_usage = "agent-sandbox [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
     after_help = "Arguments after the launcher's options go to Claude Code untouched \
                   (`agent-sandbox --continue`). To pass one that the launcher also knows, put `--` first: \
                   `agent-sandbox -- --help` shows Claude's help.\n\n\
@@ -28,10 +28,17 @@ pub struct Cli {
     #[arg(long, conflicts_with_all = ["build_images", "print_config"])]
     pub exec: bool,
 
-    /// Build the router image and the sandbox image from this source checkout with podman, then exit
-    /// (`make build` runs this).
-    #[arg(long, conflicts_with = "print_config")]
-    pub build_images: bool,
+    /// Build the router image and the sandbox image (or only one of them) from this source checkout
+    /// with podman, then exit (`make build` runs this).
+    #[arg(
+        long,
+        value_name = "WHICH",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all",
+        conflicts_with = "print_config"
+    )]
+    pub build_images: Option<ImageSet>,
 
     /// The Debian base of the sandbox image (`--build-images` only) [default: the Containerfile's].
     #[arg(long, value_name = "IMAGE", requires = "build_images")]
@@ -50,6 +57,17 @@ pub struct Cli {
     pub args: Vec<OsString>,
 }
 
+/// Which images `--build-images` builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImageSet {
+    /// Both.
+    All,
+    /// The router image (router and forwarder).
+    Router,
+    /// The sandbox image.
+    Sandbox,
+}
+
 /// What the launcher is asked to do.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
@@ -57,6 +75,8 @@ pub enum Action {
     Session(Vec<OsString>),
     /// Build the images.
     BuildImages {
+        /// Which images.
+        which: ImageSet,
         /// Overrides the Containerfile's BASE.
         base_image: Option<String>,
     },
@@ -67,11 +87,12 @@ pub enum Action {
 impl Cli {
     /// The action, or a usage error message.
     pub fn action(self) -> Result<Action, String> {
-        if self.build_images {
+        if let Some(which) = self.build_images {
             if !self.args.is_empty() {
                 return Err("--build-images takes no other arguments".into());
             }
             return Ok(Action::BuildImages {
+                which,
                 base_image: self.base_image,
             });
         }
@@ -160,10 +181,11 @@ mod tests {
 
     #[test]
     fn build_images() {
-        assert_eq!(
-            parse(&["--build-images"]).unwrap(),
-            Action::BuildImages { base_image: None }
-        );
+        let all = |base_image: Option<&str>| Action::BuildImages {
+            which: ImageSet::All,
+            base_image: base_image.map(str::to_owned),
+        };
+        assert_eq!(parse(&["--build-images"]).unwrap(), all(None));
         assert_eq!(
             parse(&[
                 "--build-images",
@@ -171,10 +193,16 @@ mod tests {
                 "localhost/debian:bookworm"
             ])
             .unwrap(),
+            all(Some("localhost/debian:bookworm"))
+        );
+        assert_eq!(
+            parse(&["--build-images=router"]).unwrap(),
             Action::BuildImages {
-                base_image: Some("localhost/debian:bookworm".into())
+                which: ImageSet::Router,
+                base_image: None
             }
         );
+        assert!(parse(&["--build-images=nope"]).is_err());
         assert!(parse(&["--base-image", "x"]).is_err());
         assert!(parse(&["--build-images", "--exec", "bash"]).is_err());
         assert_eq!(parse(&["--print-config"]).unwrap(), Action::PrintConfig);

@@ -34,8 +34,8 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
             print!("{}", settings.describe());
             Ok(0)
         }
-        Action::BuildImages { base_image } => {
-            images::build(&podman, &settings, base_image.as_deref())?;
+        Action::BuildImages { which, base_image } => {
+            images::build(&podman, &settings, which, base_image.as_deref())?;
             Ok(0)
         }
         Action::Session(command) => {

@@ -85,9 +85,6 @@ pub enum UserMapping {
         uid: u32,
         /// The gid the sandbox runs as.
         gid: u32,
-        /// The `/etc/passwd` line to give it a name and a home inside the container (none for root,
-        /// which the image already has).
-        passwd_entry: Option<String>,
     },
 }
 
@@ -163,6 +160,9 @@ pub struct SandboxSpec {
     pub image: String,
     /// How the sandbox user maps to the host.
     pub user: UserMapping,
+    /// The `/etc/passwd` line that gives the sandbox user its name and home (none for root, which the
+    /// image already has).
+    pub passwd_entry: Option<String>,
     /// The canonical project directory: mounted read-write at the same path, and the working directory.
     pub project: PathBuf,
     /// The home volume's name.
@@ -378,20 +378,16 @@ pub mod args {
         }
         let non_root = match &spec.user {
             UserMapping::KeepId => true,
-            UserMapping::Host {
-                uid,
-                gid,
-                passwd_entry,
-            } => {
+            UserMapping::Host { uid, gid } => {
                 a.push("--user".into());
                 a.push(format!("{uid}:{gid}").into());
-                if let Some(entry) = passwd_entry {
-                    a.push("--passwd-entry".into());
-                    a.push(entry.into());
-                }
                 *uid != 0
             }
         };
+        if let Some(entry) = &spec.passwd_entry {
+            a.push("--passwd-entry".into());
+            a.push(entry.into());
+        }
         a.extend(v([
             "--pull=never",
             "--init",
@@ -747,6 +743,7 @@ mod tests {
             pod: "agent-sandbox-abc123".into(),
             image: "localhost/agent-sandbox:dev".into(),
             user,
+            passwd_entry: Some("me:*:1000:1000:me:/home/me:/bin/bash".into()),
             project: "/home/me/src/p".into(),
             home_volume: "agent-sandbox-home".into(),
             home: "/home/me".into(),
@@ -866,7 +863,6 @@ mod tests {
         let rootful = strs(&pod_create(&spec(UserMapping::Host {
             uid: 1000,
             gid: 1000,
-            passwd_entry: None,
         })));
         assert!(!rootful.iter().any(|s| s.starts_with("--userns")));
     }
@@ -941,7 +937,6 @@ mod tests {
         let mut spec = sandbox(UserMapping::Host {
             uid: 1000,
             gid: 1000,
-            passwd_entry: Some("me:*:1000:1000:me:/home/me:/bin/bash".into()),
         });
         spec.tty = true;
         spec.chown_home = true;
@@ -955,11 +950,10 @@ mod tests {
         assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me:U"]));
         assert!(has(&a, &["--security-opt", "unmask=ALL"]));
         // A root sandbox user (rootful podman in a root-owned project) keeps /proc masked.
-        let root = strs(&sandbox_run(&sandbox(UserMapping::Host {
-            uid: 0,
-            gid: 0,
-            passwd_entry: None,
-        })));
+        let mut root = sandbox(UserMapping::Host { uid: 0, gid: 0 });
+        root.passwd_entry = None;
+        let root = strs(&sandbox_run(&root));
+        assert!(!root.contains(&"--passwd-entry".to_owned()));
         assert!(has(&root, &["--user", "0:0"]));
         assert!(!root.iter().any(|s| s.starts_with("unmask")));
         assert!(has(&root, &["--cap-drop", "ALL"]));

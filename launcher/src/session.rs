@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs;
 use std::io::{IsTerminal as _, Write as _};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -94,7 +94,7 @@ pub fn run(
 
     // 2. Shared objects and leftovers.
     remove_stale_sessions(podman)?;
-    ensure_egress_network(podman)?;
+    let resolvers = ensure_egress_network(podman)?;
     let chown_home = ensure_home_volume(podman, &settings.home_volume, user.host_uid)?;
     interrupted(signals)?;
 
@@ -123,7 +123,8 @@ pub fn run(
     cleanup.network = Some(network.clone());
     let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
-    let plan = SessionPlan::new(&policy, router_ip)?;
+    let mut plan = SessionPlan::new(&policy, router_ip)?;
+    plan.router.resolvers = resolvers;
 
     let config = dir.join("router.toml");
     write_file(&config, &plan.router.to_toml())?;
@@ -195,6 +196,7 @@ pub fn run(
         pod: pod.clone(),
         image: settings.image.clone(),
         user: user.mapping,
+        passwd_entry: user.passwd_entry,
         project,
         home_volume: settings.home_volume.clone(),
         home: user.home,
@@ -343,21 +345,33 @@ fn ensure_image(podman: &Podman, image: &str, variable: &str) -> anyhow::Result<
 #[derive(Debug)]
 struct SandboxUser {
     mapping: UserMapping,
+    passwd_entry: Option<String>,
     home: PathBuf,
     host_uid: u32,
 }
 
-/// Rootless: keep-id, so the sandbox user is you. Rootful podman refuses keep-id, and a user namespace
-/// that maps a non-root sandbox user to the invoking user breaks podman 4's overlay storage, so rootful
-/// runs without a user namespace as the invoking user: the sudo user when run through sudo, else the
-/// owner of the project directory. When that is root the sandbox user is root with no capabilities,
-/// and nested podman is not available; rootless podman is the supported mode.
+/// Rootless: keep-id, so the sandbox user is you (same uid, name and home path). Rootful podman refuses
+/// keep-id, and a user namespace that maps a non-root sandbox user to the invoking user breaks podman
+/// 4's overlay storage, so rootful runs without a user namespace as the invoking user: the sudo user
+/// when run through sudo, else the owner of the project directory. When that is root, the sandbox user
+/// is root with no capabilities and nested podman is not available; rootless is the supported mode.
 fn sandbox_user(host: &HostInfo, project: &Path, home: &Path) -> anyhow::Result<SandboxUser> {
     // SAFETY: getuid/getgid cannot fail and touch no memory.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let entry = |name: &str, uid: u32, gid: u32, home: &Path| {
+        Some(format!(
+            "{name}:*:{uid}:{gid}:{name}:{}:/bin/bash",
+            home.display()
+        ))
+    };
     if host.rootless {
+        let name = passwd_lookup(uid)
+            .map(|(n, _)| n)
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "sandbox".to_owned());
         return Ok(SandboxUser {
             mapping: UserMapping::KeepId,
+            passwd_entry: entry(&name, uid, gid, home),
             home: home.to_owned(),
             host_uid: uid,
         });
@@ -368,11 +382,7 @@ fn sandbox_user(host: &HostInfo, project: &Path, home: &Path) -> anyhow::Result<
         _ => {
             let meta = fs::metadata(project)
                 .with_context(|| format!("cannot stat {}", project.display()))?;
-            if meta.uid() == 0 && uid != 0 {
-                (uid, gid)
-            } else {
-                (meta.uid(), meta.gid())
-            }
+            (meta.uid(), meta.gid())
         }
     };
     if uid == 0 {
@@ -382,11 +392,8 @@ fn sandbox_user(host: &HostInfo, project: &Path, home: &Path) -> anyhow::Result<
             project.display()
         );
         return Ok(SandboxUser {
-            mapping: UserMapping::Host {
-                uid: 0,
-                gid: 0,
-                passwd_entry: None,
-            },
+            mapping: UserMapping::Host { uid: 0, gid: 0 },
+            passwd_entry: None,
             home: PathBuf::from("/root"),
             host_uid: 0,
         });
@@ -398,14 +405,8 @@ fn sandbox_user(host: &HostInfo, project: &Path, home: &Path) -> anyhow::Result<
         )
     });
     Ok(SandboxUser {
-        mapping: UserMapping::Host {
-            uid,
-            gid,
-            passwd_entry: Some(format!(
-                "{name}:*:{uid}:{gid}:{name}:{}:/bin/bash",
-                home.display()
-            )),
-        },
+        mapping: UserMapping::Host { uid, gid },
+        passwd_entry: entry(&name, uid, gid, &home),
         home,
         host_uid: uid,
     })
@@ -421,19 +422,39 @@ fn passwd_lookup(uid: u32) -> Option<(String, PathBuf)> {
     })
 }
 
-/// Creates the egress network unless it exists (another session may create it at the same moment).
-fn ensure_egress_network(podman: &Podman) -> anyhow::Result<()> {
-    if podman.check(&args::network_exists(EGRESS_NETWORK))? {
-        return Ok(());
-    }
-    match podman.run(&args::network_create_egress(EGRESS_NETWORK)) {
-        Ok(_) => Ok(()),
-        Err(e) if podman.check(&args::network_exists(EGRESS_NETWORK))? => {
-            drop(e);
-            Ok(())
+/// Creates the egress network unless it exists (another session may create it at the same moment),
+/// and returns the resolver the router should use: podman's DNS server on that network (at its
+/// gateway), which answers for the network's containers and forwards everything else to the host's
+/// resolvers. Naming it explicitly matters: the router's resolv.conf also lists the host's resolvers,
+/// which answer NXDOMAIN for names that only podman knows, and which one answers first is luck.
+fn ensure_egress_network(podman: &Podman) -> anyhow::Result<Vec<SocketAddr>> {
+    if !podman.check(&args::network_exists(EGRESS_NETWORK))? {
+        if let Err(e) = podman.run(&args::network_create_egress(EGRESS_NETWORK)) {
+            if !podman.check(&args::network_exists(EGRESS_NETWORK))? {
+                return Err(e.into());
+            }
         }
-        Err(e) => Err(e.into()),
     }
+    let inspect = podman.run(&args::network_inspect(EGRESS_NETWORK))?;
+    Ok(network_dns_servers(&inspect))
+}
+
+/// The DNS servers podman runs for a network: port 53 on each gateway, if DNS is enabled on it.
+fn network_dns_servers(inspect_json: &str) -> Vec<SocketAddr> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(inspect_json) else {
+        return Vec::new();
+    };
+    let net = if v.is_array() { &v[0] } else { &v };
+    if net["dns_enabled"] != serde_json::Value::Bool(true) {
+        return Vec::new();
+    }
+    net["subnets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["gateway"].as_str()?.parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .collect()
 }
 
 /// Creates the home volume unless it exists; returns whether it must be re-owned to `uid` on mount
@@ -734,6 +755,18 @@ mod tests {
         );
         assert!(router_address(r#"[{"subnets":[]}]"#).is_err());
         assert!(router_address(r#"[{"subnets":[{"subnet":"10.0.0.0/30"}]}]"#).is_err());
+    }
+
+    #[test]
+    fn egress_dns_is_podmans_resolver_at_the_gateway() {
+        let inspect = r#"[{"name":"agent-sandbox-egress","subnets":[{"subnet":"10.89.0.0/24","gateway":"10.89.0.1"}],"dns_enabled":true}]"#;
+        assert_eq!(
+            network_dns_servers(inspect),
+            ["10.89.0.1:53".parse::<SocketAddr>().unwrap()]
+        );
+        let no_dns = r#"[{"subnets":[{"subnet":"10.89.0.0/24","gateway":"10.89.0.1"}],"dns_enabled":false}]"#;
+        assert!(network_dns_servers(no_dns).is_empty());
+        assert!(network_dns_servers("garbage").is_empty());
     }
 
     #[test]
