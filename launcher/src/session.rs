@@ -217,6 +217,7 @@ pub fn run(
     signals.set_escalation(escalate);
     let mut child = podman.spawn_foreground(&args::sandbox_run(&spec))?;
     signals.set_child(Some(child.id()));
+    signals.forward_pending();
     let status = child.wait();
     signals.set_child(None);
     let status = status.context("waiting for the sandbox's podman run")?;

@@ -92,6 +92,21 @@ impl SignalWatch {
         self.shared.child.store(pid.unwrap_or(0), Ordering::SeqCst);
     }
 
+    /// Passes a signal that arrived after the last setup check but before [`SignalWatch::set_child`] on
+    /// to the child, which would otherwise never hear of it.
+    pub fn forward_pending(&self) {
+        let (sig, child) = (
+            self.shared.last.load(Ordering::SeqCst),
+            self.shared.child.load(Ordering::SeqCst),
+        );
+        if sig != 0 && child != 0 {
+            // SAFETY: as in the signal thread.
+            unsafe {
+                libc::kill(child as libc::pid_t, sig);
+            }
+        }
+    }
+
     /// Registers what to do when the command outlives [`GRACE`] after SIGTERM or SIGHUP.
     pub fn set_escalation(&self, f: impl Fn() + Send + Sync + 'static) {
         *self.shared.escalation.lock().unwrap() = Some(Box::new(f));
