@@ -203,12 +203,6 @@ pub mod args {
         v(["info", "--format", "json"])
     }
 
-    /// `podman --version`, to tell "not installed" from "installed but broken".
-    #[must_use]
-    pub fn version() -> Vec<OsString> {
-        v(["--version"])
-    }
-
     /// Exit 0 if the image is in local storage.
     #[must_use]
     pub fn image_exists(image: &str) -> Vec<OsString> {
@@ -499,6 +493,17 @@ pub mod args {
             "--force".to_owned(),
             "--time".to_owned(),
             STOP_TIMEOUT_SECS.to_string(),
+            name.to_owned(),
+        ])
+    }
+
+    /// Sends a signal (by number) to a container's main process.
+    #[must_use]
+    pub fn kill(name: &str, signal: i32) -> Vec<OsString> {
+        v([
+            "kill".to_owned(),
+            "--signal".to_owned(),
+            signal.to_string(),
             name.to_owned(),
         ])
     }
@@ -966,6 +971,7 @@ mod tests {
             ["pod", "rm", "--force", "--time", "3", "p"]
         );
         assert_eq!(strs(&rm("r")), ["rm", "--force", "--time", "3", "r"]);
+        assert_eq!(strs(&kill("s", 15)), ["kill", "--signal", "15", "s"]);
         assert_eq!(strs(&network_rm("n")), ["network", "rm", "--force", "n"]);
         assert!(has(
             &strs(&ps_sessions()),

@@ -87,15 +87,38 @@ pub fn run(
     let policy = Policy::new(&allowlist);
 
     let host = preflight(podman)?;
-    ensure_image(podman, &settings.router_image, "AGENT_SANDBOX_ROUTER_IMAGE")?;
-    ensure_image(podman, &settings.image, "AGENT_SANDBOX_IMAGE")?;
+    // The image checks are independent podman calls: run them at once (each costs ~0.1 s of podman
+    // start-up, which is most of a session's start time).
+    let (router_image, sandbox_image) = std::thread::scope(|s| {
+        let r = s.spawn(|| image_present(podman, &settings.router_image));
+        let i = image_present(podman, &settings.image);
+        (join(r), i)
+    });
+    ensure_image(
+        podman,
+        router_image?,
+        &settings.router_image,
+        "AGENT_SANDBOX_ROUTER_IMAGE",
+    )?;
+    ensure_image(
+        podman,
+        sandbox_image?,
+        &settings.image,
+        "AGENT_SANDBOX_IMAGE",
+    )?;
     let user = sandbox_user(&host, &project, &settings.home)?;
     interrupted(signals)?;
 
-    // 2. Shared objects and leftovers.
-    remove_stale_sessions(podman)?;
-    let resolvers = ensure_egress_network(podman)?;
-    let chown_home = ensure_home_volume(podman, &settings.home_volume, user.host_uid)?;
+    // 2. Shared objects and leftovers, independent of each other.
+    let (stale, resolvers, chown_home) = std::thread::scope(|s| {
+        let stale = s.spawn(|| remove_stale_sessions(podman));
+        let egress = s.spawn(|| ensure_egress_network(podman));
+        let volume = ensure_home_volume(podman, &settings.home_volume, user.host_uid);
+        (join(stale), join(egress), volume)
+    });
+    stale?;
+    let resolvers = resolvers?;
+    let chown_home = chown_home?;
     interrupted(signals)?;
 
     // 3. The session.
@@ -137,9 +160,15 @@ pub fn run(
     write_file(&resolv, &format!("nameserver {router_ip}\n"))?;
     interrupted(signals)?;
 
+    // The router and the pod side start at once: the forwarder connects to the router per connection,
+    // so neither waits for the other; both are checked for readiness below.
     let router = format!("{base}-router");
+    let pod = base.clone();
+    let forwarder = format!("{base}-forwarder");
     cleanup.router = Some(router.clone());
-    podman.run(&args::router_run(&RouterSpec {
+    cleanup.pod = Some(pod.clone());
+    let relays = plan.forwarder_args();
+    let router_spec = RouterSpec {
         name: router.clone(),
         labels: labels.clone(),
         image: settings.router_image.clone(),
@@ -147,30 +176,35 @@ pub fn run(
         session_ip: router_ip,
         egress_network: EGRESS_NETWORK.to_owned(),
         config_file: config,
-    }))?;
-
-    let pod = base.clone();
-    cleanup.pod = Some(pod.clone());
-    podman.run(&args::pod_create(&PodSpec {
+    };
+    let pod_spec = PodSpec {
         name: pod.clone(),
         labels: labels.clone(),
         network: network.clone(),
         dns: router_ip,
         user: user.mapping.clone(),
-    }))?;
+    };
+    let forwarder_spec = ForwarderSpec {
+        name: forwarder.clone(),
+        labels: labels.clone(),
+        pod: pod.clone(),
+        image: settings.router_image.clone(),
+        relays: relays.clone(),
+    };
+    let (router_started, pod_started) = std::thread::scope(|s| {
+        let r = s.spawn(|| podman.run(&args::router_run(&router_spec)));
+        let p = podman.run(&args::pod_create(&pod_spec)).and_then(|_| {
+            if relays.is_empty() {
+                Ok(String::new())
+            } else {
+                podman.run(&args::forwarder_run(&forwarder_spec))
+            }
+        });
+        (join(r), p)
+    });
+    router_started?;
+    pod_started?;
     interrupted(signals)?;
-
-    let relays = plan.forwarder_args();
-    let forwarder = format!("{base}-forwarder");
-    if !relays.is_empty() {
-        podman.run(&args::forwarder_run(&ForwarderSpec {
-            name: forwarder.clone(),
-            labels: labels.clone(),
-            pod: pod.clone(),
-            image: settings.router_image.clone(),
-            relays: relays.clone(),
-        }))?;
-    }
 
     let mut router_addrs: Vec<String> = [
         plan.router.listen.dns,
@@ -182,11 +216,20 @@ pub fn run(
     .map(|a| a.to_string())
     .collect();
     router_addrs.extend(plan.router.forwards.iter().map(|f| f.listen.to_string()));
-    wait_listening(podman, &router, &router_addrs, signals)?;
-    if !relays.is_empty() {
-        let listens: Vec<String> = plan.relays.iter().map(|r| r.listen.to_string()).collect();
-        wait_listening(podman, &forwarder, &listens, signals)?;
-    }
+    let listens: Vec<String> = plan.relays.iter().map(|r| r.listen.to_string()).collect();
+    let (router_ready, forwarder_ready) = std::thread::scope(|s| {
+        let f = s.spawn(|| {
+            if listens.is_empty() {
+                Ok(())
+            } else {
+                wait_listening(podman, &forwarder, &listens, signals)
+            }
+        });
+        let r = wait_listening(podman, &router, &router_addrs, signals);
+        (r, join(f))
+    });
+    router_ready?;
+    forwarder_ready?;
     interrupted(signals)?;
 
     // 4. The command.
@@ -215,6 +258,14 @@ pub fn run(
         }
     };
     signals.set_escalation(escalate);
+    let forward = {
+        let podman = podman.clone();
+        let name = spec.name.clone();
+        move |sig: i32| {
+            let _ = podman.output(&args::kill(&name, sig));
+        }
+    };
+    signals.set_forward(forward);
     let mut child = podman.spawn_foreground(&args::sandbox_run(&spec))?;
     signals.set_child(Some(child.id()));
     signals.forward_pending();
@@ -294,8 +345,10 @@ struct HostInfo {
 
 /// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
 fn preflight(podman: &Podman) -> anyhow::Result<HostInfo> {
-    podman.run(&args::version())?;
     let info = podman.run(&args::info()).map_err(|e| {
+        if matches!(e, PodmanError::NotInstalled) {
+            return anyhow::Error::new(e);
+        }
         anyhow::anyhow!(
             "{e}\npodman does not work for this user; `podman info` shows why (for rootless podman: \
              an /etc/subuid and /etc/subgid range for your user, then `podman system migrate`)"
@@ -324,10 +377,15 @@ fn preflight(podman: &Podman) -> anyhow::Result<HostInfo> {
     Ok(HostInfo { rootless })
 }
 
+/// Whether an image is in local storage.
+fn image_present(podman: &Podman, image: &str) -> Result<bool, PodmanError> {
+    podman.check(&args::image_exists(image))
+}
+
 /// Makes sure an image is present: local `localhost/` images come from `make build`; registry images
 /// (release builds) are pulled.
-fn ensure_image(podman: &Podman, image: &str, variable: &str) -> anyhow::Result<()> {
-    if podman.check(&args::image_exists(image))? {
+fn ensure_image(podman: &Podman, present: bool, image: &str, variable: &str) -> anyhow::Result<()> {
+    if present {
         return Ok(());
     }
     if image.starts_with("localhost/") {
@@ -340,6 +398,13 @@ fn ensure_image(podman: &Podman, image: &str, variable: &str) -> anyhow::Result<
     podman
         .run_visible(&args::image_pull(image))
         .with_context(|| format!("cannot pull {image} (set {variable} to use another image)"))
+}
+
+/// Joins a scoped thread, passing its panic on.
+fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// The sandbox user, its home inside the container and the host uid that should own the home volume.
@@ -609,18 +674,21 @@ impl Cleanup {
     /// Removes everything recorded; failures are reported, not fatal (the next start retries them as
     /// stale objects).
     pub fn run(&mut self) {
-        let podman = self.podman.clone();
-        let attempt = |what: &str, argv: Vec<OsString>| {
-            if let Err(e) = podman.run(&argv) {
-                say!("could not remove {what}: {e}");
-            }
+        let podman = &self.podman;
+        let attempt = |what: &str, argv: Vec<OsString>| match podman.run(&argv) {
+            Ok(_) => {}
+            Err(e) if is_missing(&e) => {}
+            Err(e) => say!("could not remove {what}: {e}"),
         };
-        if let Some(pod) = self.pod.take() {
-            attempt("the pod", args::pod_rm(&pod));
-        }
-        if let Some(router) = self.router.take() {
-            attempt("the router", args::rm(&router));
-        }
+        let (pod, router) = (self.pod.take(), self.router.take());
+        std::thread::scope(|s| {
+            if let Some(pod) = &pod {
+                s.spawn(|| attempt("the pod", args::pod_rm(pod)));
+            }
+            if let Some(router) = &router {
+                attempt("the router", args::rm(router));
+            }
+        });
         if let Some(network) = self.network.take() {
             attempt("the session network", args::network_rm(&network));
         }
@@ -628,6 +696,12 @@ impl Cleanup {
             let _ = fs::remove_dir_all(dir);
         }
     }
+}
+
+/// podman's answer for an object that does not exist (any more): nothing to remove.
+fn is_missing(e: &PodmanError) -> bool {
+    matches!(e, PodmanError::Failed { stderr, .. }
+        if stderr.contains("no such") || stderr.contains("not found") || stderr.contains("unable to find"))
 }
 
 impl Drop for Cleanup {
@@ -688,8 +762,7 @@ fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
             match podman.run(&argv) {
                 Ok(_) => {}
                 // Gone already (removed with its pod or network).
-                Err(PodmanError::Failed { stderr, .. })
-                    if stderr.contains("no such") || stderr.contains("not found") => {}
+                Err(e) if is_missing(&e) => {}
                 Err(e) => say!("could not remove {}: {e}", o.name),
             }
         }

@@ -1,8 +1,8 @@
 //! Signals: the launcher must always clean up, so SIGINT, SIGTERM and SIGHUP never kill it outright.
 //!
 //! While the session is being set up, a signal is recorded and the setup stops at the next step. While
-//! the sandboxed command runs, the signal is forwarded to `podman run` (which passes it on to the
-//! command); if the command is still running [`GRACE`] after a SIGTERM or SIGHUP, the escalation the
+//! the sandboxed command runs, the signal is passed on to it (the session sends it with `podman kill`:
+//! rootless `podman run` reports status 0 for a command it proxied SIGTERM to); if the command is still running [`GRACE`] after a SIGTERM or SIGHUP, the escalation the
 //! session registered (killing the pod) runs. Either way the launcher then removes the session's
 //! objects and exits.
 
@@ -16,6 +16,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 pub const GRACE: Duration = Duration::from_secs(10);
 
 type Escalation = Box<dyn Fn() + Send + Sync>;
+type Forward = Box<dyn Fn(i32) + Send + Sync>;
 
 #[derive(Default)]
 struct Shared {
@@ -25,6 +26,21 @@ struct Shared {
     child: AtomicU32,
     /// What to do when the command ignores a forwarded SIGTERM/SIGHUP.
     escalation: Mutex<Option<Escalation>>,
+    /// How a signal reaches the command (default: kill(2) on the child).
+    forward: Mutex<Option<Forward>>,
+}
+
+impl Shared {
+    fn forward(&self, sig: i32, child: u32) {
+        match self.forward.lock().unwrap().as_ref() {
+            Some(f) => f(sig),
+            // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects;
+            // at worst the process is gone and it fails with ESRCH.
+            None => unsafe {
+                libc::kill(child as libc::pid_t, sig);
+            },
+        }
+    }
 }
 
 /// The launcher's signal handling, installed once at start.
@@ -57,11 +73,7 @@ impl SignalWatch {
                     if child == 0 {
                         continue;
                     }
-                    // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory
-                    // effects; at worst the process is gone and it fails with ESRCH.
-                    unsafe {
-                        libc::kill(child as libc::pid_t, sig);
-                    }
+                    s.forward(sig, child);
                     if sig != SIGINT {
                         let s2 = Arc::clone(&s);
                         std::thread::spawn(move || {
@@ -100,11 +112,13 @@ impl SignalWatch {
             self.shared.child.load(Ordering::SeqCst),
         );
         if sig != 0 && child != 0 {
-            // SAFETY: as in the signal thread.
-            unsafe {
-                libc::kill(child as libc::pid_t, sig);
-            }
+            self.shared.forward(sig, child);
         }
+    }
+
+    /// Registers how a signal is passed on to the running command, instead of signalling the child.
+    pub fn set_forward(&self, f: impl Fn(i32) + Send + Sync + 'static) {
+        *self.shared.forward.lock().unwrap() = Some(Box::new(f));
     }
 
     /// Registers what to do when the command outlives [`GRACE`] after SIGTERM or SIGHUP.

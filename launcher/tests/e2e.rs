@@ -1085,33 +1085,39 @@ impl Suite<'_> {
                 r.code
             ),
         );
-        let dir = self.project("exit-sigterm");
-        let child = self
-            .launcher_command(&dir, &["--exec", "sleep", "600"], &[])
-            .spawn()
-            .unwrap();
-        let running = self.wait_for_sandbox(&dir);
-        let pid: i32 = fs::read_to_string(self.pid_file(&dir))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let t = Instant::now();
-        // SAFETY: kill(2) on the launcher this test started.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
+        for (signal, name, code) in [
+            (libc::SIGTERM, "SIGTERM", 143),
+            (libc::SIGHUP, "SIGHUP", 129),
+            (libc::SIGINT, "SIGINT (Ctrl-C)", 130),
+        ] {
+            let dir = self.project(&format!("exit-signal-{signal}"));
+            let child = self
+                .launcher_command(&dir, &["--exec", "sleep", "600"], &[])
+                .spawn()
+                .unwrap();
+            let running = self.wait_for_sandbox(&dir);
+            let pid: i32 = fs::read_to_string(self.pid_file(&dir))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let t = Instant::now();
+            // SAFETY: kill(2) on the launcher this test started.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+            let r = finish(child, Duration::from_secs(60));
+            let left = self.session_objects(&dir);
+            self.checks.check(
+                running && r.code == Some(code) && left.is_empty(),
+                format!(
+                    "[{}] {name} to the launcher: the command gets it, status {:?} (want {code}) in {:.1?}, nothing left: {left:?}",
+                    mode.name(),
+                    r.code,
+                    t.elapsed()
+                ),
+            );
         }
-        let r = finish(child, Duration::from_secs(60));
-        let left = self.session_objects(&dir);
-        self.checks.check(
-            running && r.code.is_some() && left.is_empty(),
-            format!(
-                "[{}] SIGTERM to the launcher: exits ({:?}) in {:.1?}, nothing left: {left:?}",
-                mode.name(),
-                r.code,
-                t.elapsed()
-            ),
-        );
     }
 
     /// Waits until the project's sandbox container is running.
