@@ -359,9 +359,9 @@ pub mod args {
     /// The sandbox: the project at its own path (read-write, no relabelling), the home volume, the
     /// session's hosts and resolv.conf read-only, every capability dropped, no new privileges.
     ///
-    /// `unmask=ALL` lets nested podman mount /proc for its containers (the kernel refuses a new proc mount
-    /// while parts of /proc are masked). It is given only to a non-root sandbox user, which owns nothing
-    /// under /proc/sys and has no capability to use the rest.
+    /// `unmask=/proc/*` lets nested podman mount /proc for its containers (the kernel refuses a new proc
+    /// mount while parts of /proc are masked); /sys stays masked. It is given only to a non-root sandbox
+    /// user, which owns nothing under /proc/sys and has no capability to use the rest.
     #[must_use]
     pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
         let mut a = v(["run", "--name", &spec.name, "--pod", &spec.pod]);
@@ -393,7 +393,7 @@ pub mod args {
             "label=disable",
         ]));
         if non_root {
-            a.extend(v(["--security-opt", "unmask=ALL"]));
+            a.extend(v(["--security-opt", "unmask=/proc/*"]));
         }
         let bind = |src: &Path, dst: &Path, opts: &str| {
             let mut m = src.as_os_str().to_owned();
@@ -914,7 +914,7 @@ mod tests {
         assert_eq!(count(&a, "--cap-add"), 0);
         assert!(has(&a, &["--security-opt", "no-new-privileges"]));
         assert!(has(&a, &["--security-opt", "label=disable"]));
-        assert!(has(&a, &["--security-opt", "unmask=ALL"]));
+        assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
         assert!(has(&a, &["--volume", "/home/me/src/p:/home/me/src/p"]));
         assert!(has(&a, &["--workdir", "/home/me/src/p"]));
         assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me"]));
@@ -953,7 +953,7 @@ mod tests {
         ));
         assert!(has(&a, &["--interactive", "--tty"]) || a.contains(&"--tty".to_owned()));
         assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me:U"]));
-        assert!(has(&a, &["--security-opt", "unmask=ALL"]));
+        assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
         // A root sandbox user (rootful podman in a root-owned project) keeps /proc masked.
         let mut root = sandbox(UserMapping::Host { uid: 0, gid: 0 });
         root.passwd_entry = None;
@@ -961,6 +961,7 @@ mod tests {
         assert!(!root.contains(&"--passwd-entry".to_owned()));
         assert!(has(&root, &["--user", "0:0"]));
         assert!(!root.iter().any(|s| s.starts_with("unmask")));
+        assert!(!a.iter().any(|s| s == "unmask=ALL"));
         assert!(has(&root, &["--cap-drop", "ALL"]));
     }
 

@@ -766,7 +766,10 @@ fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
                 Err(e) => say!("could not remove {}: {e}", o.name),
             }
         }
-        cleanup.dir = Some(session_dir(&session));
+        // The directory name comes from a label: only ever a session id of ours.
+        if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
+            cleanup.dir = Some(session_dir(&session));
+        }
         cleanup.run();
     }
     Ok(())
