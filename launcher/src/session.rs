@@ -7,8 +7,9 @@
 //! report of refused names · pod, router, network and temp files removed, on every way out
 //! ```
 //!
-//! Objects are recorded in a [`Cleanup`] as soon as they exist, so an error, a signal or a panic at any
-//! step removes exactly what this session created.
+//! Each step is a function below ([`check`], [`prepare_shared`], [`start`], [`run_command`],
+//! [`report_refusals`]). Objects are recorded in a [`Cleanup`] as soon as they exist, so an error, a
+//! signal or a panic at any step removes exactly what this session created.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -64,7 +65,32 @@ pub fn run(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<i32> {
-    // 1. Checks. Nothing below creates anything but the user's allowlist (copied from the default).
+    let checked = check(podman, settings)?;
+    interrupted(signals)?;
+    let shared = prepare_shared(podman, settings, &checked)?;
+    interrupted(signals)?;
+    let mut cleanup = Cleanup::new(podman.clone());
+    let session = start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    let status = run_command(
+        podman, settings, checked, &shared, &session, command, signals,
+    )?;
+    report_refusals(podman, &session.router, &settings.allowlist);
+    cleanup.run();
+    Ok(exit_code(status))
+}
+
+/// What the checks established.
+struct Checked {
+    /// The canonical project directory.
+    project: PathBuf,
+    /// The allowlist, compiled.
+    policy: Policy,
+    /// Who the sandbox user is.
+    user: SandboxUser,
+}
+
+/// Step 1: the checks. Nothing is created here but the user's allowlist (copied from the default).
+fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
     let project = std::env::current_dir()
         .context("cannot read the current directory")?
         .canonicalize()
@@ -107,21 +133,67 @@ pub fn run(
         "AGENT_SANDBOX_IMAGE",
     )?;
     let user = sandbox_user(&host, &project, &settings.home)?;
-    interrupted(signals)?;
+    Ok(Checked {
+        project,
+        policy,
+        user,
+    })
+}
 
-    // 2. Shared objects and leftovers, independent of each other.
+/// What the shared objects contribute to a session.
+struct Shared {
+    /// The router's resolvers (podman's DNS on the egress network).
+    resolvers: Vec<SocketAddr>,
+    /// Whether the home volume must be re-owned to the sandbox user when mounted.
+    chown_home: bool,
+}
+
+/// Step 2: leftovers of dead sessions removed; the egress network and the home volume ensured. The three
+/// are independent of each other.
+fn prepare_shared(
+    podman: &Podman,
+    settings: &Settings,
+    checked: &Checked,
+) -> anyhow::Result<Shared> {
     let (stale, resolvers, chown_home) = std::thread::scope(|s| {
         let stale = s.spawn(|| remove_stale_sessions(podman));
         let egress = s.spawn(|| ensure_egress_network(podman));
-        let volume = ensure_home_volume(podman, &settings.home_volume, user.host_uid);
+        let volume = ensure_home_volume(podman, &settings.home_volume, checked.user.host_uid);
         (join(stale), join(egress), volume)
     });
     stale?;
-    let resolvers = resolvers?;
-    let chown_home = chown_home?;
-    interrupted(signals)?;
+    Ok(Shared {
+        resolvers: resolvers?,
+        chown_home: chown_home?,
+    })
+}
 
-    // 3. The session.
+/// A started session: everything the command's container needs.
+struct Session {
+    /// Labels for the sandbox container.
+    labels: SessionLabels,
+    /// Prefix of the session's object names.
+    base: String,
+    /// The pod.
+    pod: String,
+    /// The router container.
+    router: String,
+    /// The session's /etc/hosts.
+    hosts: PathBuf,
+    /// The session's /etc/resolv.conf.
+    resolv: PathBuf,
+}
+
+/// Step 3: the session network, the router, the pod and the forwarder, recorded in `cleanup` as they
+/// come into existence; returns once the router and the forwarder listen.
+fn start(
+    podman: &Podman,
+    settings: &Settings,
+    checked: &Checked,
+    shared: &Shared,
+    cleanup: &mut Cleanup,
+    signals: &SignalWatch,
+) -> anyhow::Result<Session> {
     let session = new_session_id()?;
     let labels = SessionLabels {
         session: session.clone(),
@@ -129,10 +201,9 @@ pub fn run(
         start: liveness::start_time(std::process::id())
             .context("cannot read this process's start time from /proc")?,
         boot: liveness::boot_id().context("cannot read the boot id from /proc")?,
-        project: project.clone(),
+        project: checked.project.clone(),
     };
     let base = format!("{NAME_PREFIX}{session}");
-    let mut cleanup = Cleanup::new(podman.clone());
 
     let dir = session_dir(&session);
     cleanup.dir = Some(dir.clone());
@@ -146,8 +217,8 @@ pub fn run(
     cleanup.network = Some(network.clone());
     let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
-    let mut plan = SessionPlan::new(&policy, router_ip)?;
-    plan.router.resolvers = resolvers;
+    let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
+    plan.router.resolvers.clone_from(&shared.resolvers);
 
     let config = dir.join("router.toml");
     write_file(&config, &plan.router.to_toml())?;
@@ -180,9 +251,9 @@ pub fn run(
     let pod_spec = PodSpec {
         name: pod.clone(),
         labels: labels.clone(),
-        network: network.clone(),
+        network,
         dns: router_ip,
-        user: user.mapping.clone(),
+        user: checked.user.mapping.clone(),
     };
     let forwarder_spec = ForwarderSpec {
         name: forwarder.clone(),
@@ -206,6 +277,8 @@ pub fn run(
     pod_started?;
     interrupted(signals)?;
 
+    // Ready means every listener is bound: DNS must answer, and the forwarder must hold its addresses
+    // before the sandboxed command could bind them itself (ports above 1023 need no capability).
     let mut router_addrs: Vec<String> = [
         plan.router.listen.dns,
         plan.router.listen.http,
@@ -231,28 +304,46 @@ pub fn run(
     router_ready?;
     forwarder_ready?;
     interrupted(signals)?;
-
-    // 4. The command.
-    let spec = SandboxSpec {
-        name: format!("{base}-sandbox"),
+    Ok(Session {
         labels,
-        pod: pod.clone(),
+        base,
+        pod,
+        router,
+        hosts,
+        resolv,
+    })
+}
+
+/// Step 4: the command, in the pod, with the launcher's terminal or pipes; signals are passed on to it.
+fn run_command(
+    podman: &Podman,
+    settings: &Settings,
+    checked: Checked,
+    shared: &Shared,
+    session: &Session,
+    command: Vec<OsString>,
+    signals: &SignalWatch,
+) -> anyhow::Result<ExitStatus> {
+    let spec = SandboxSpec {
+        name: format!("{}-sandbox", session.base),
+        labels: session.labels.clone(),
+        pod: session.pod.clone(),
         image: settings.image.clone(),
-        user: user.mapping,
-        passwd_entry: user.passwd_entry,
-        project,
+        user: checked.user.mapping,
+        passwd_entry: checked.user.passwd_entry,
+        project: checked.project,
         home_volume: settings.home_volume.clone(),
-        home: user.home,
-        chown_home,
-        hosts_file: hosts,
-        resolv_file: resolv,
+        home: checked.user.home,
+        chown_home: shared.chown_home,
+        hosts_file: session.hosts.clone(),
+        resolv_file: session.resolv.clone(),
         tty: std::io::stdin().is_terminal(),
         pass_env: PASS_ENV.iter().map(|s| (*s).to_owned()).collect(),
         command,
     };
     let escalate = {
         let podman = podman.clone();
-        let pod = pod.clone();
+        let pod = session.pod.clone();
         move || {
             let _ = podman.output(&args::pod_kill(&pod));
         }
@@ -271,18 +362,18 @@ pub fn run(
     signals.forward_pending();
     let status = child.wait();
     signals.set_child(None);
-    let status = status.context("waiting for the sandbox's podman run")?;
+    status.context("waiting for the sandbox's podman run")
+}
 
-    // 5. Report, then clean up (also done by Drop, on every other way out).
-    if let Ok(out) = podman.output(&args::logs(&router)) {
+/// Step 5: what the router refused, from its log (nothing when nothing was refused).
+fn report_refusals(podman: &Podman, router: &str, allowlist: &Path) {
+    if let Ok(out) = podman.output(&args::logs(router)) {
         let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.push_str(&String::from_utf8_lossy(&out.stderr));
-        if let Some(text) = report::render(&report::refusals(&log), &settings.allowlist) {
+        if let Some(text) = report::render(&report::refusals(&log), allowlist) {
             let _ = std::io::stderr().write_all(text.as_bytes());
         }
     }
-    cleanup.run();
-    Ok(exit_code(status))
 }
 
 /// The launcher's exit code for the command's status: its code, or 128 + the signal that ended it.
