@@ -108,7 +108,13 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
     ensure_allowlist(&settings.allowlist)?;
     let allowlist = Allowlist::load(&settings.allowlist)?;
     for w in allowlist.warnings() {
-        say!("warning: {}:{w}", settings.allowlist.display());
+        say!(
+            "warning: {}:{}: `{}`: {}",
+            settings.allowlist.display(),
+            w.line,
+            w.text,
+            w.message
+        );
     }
     let policy = Policy::new(&allowlist);
 

@@ -1146,21 +1146,32 @@ impl Suite<'_> {
         let mode = self.mode.clone();
         let a = self.project("two-a");
         let b = self.project("two-b");
-        let cmd = [
-            "--exec",
-            "bash",
-            "-c",
-            "touch started; while [ ! -e go ]; do sleep 0.2; done; curl -sS --max-time 10 http://web.test/",
-        ];
+        // Each session publishes its router's address, then tries the other session's router: sessions
+        // are on separate internal networks and must not reach each other.
+        let script = r#"
+router=$(awk '/^nameserver/{print $2; exit}' /etc/resolv.conf)
+echo "$router" > router.tmp && mv router.tmp router
+while [ ! -e go ]; do sleep 0.2; done
+other=$(cat other)
+curl -sS --max-time 10 http://web.test/
+f other-router-dns dig +time=2 +tries=1 "@$other" web.test A
+f other-router-http timeout 4 bash -c "exec 3<>/dev/tcp/$other/80"
+"#;
+        for d in [&a, &b] {
+            self.write_script(d, "two.sh", script);
+        }
+        let cmd = ["--exec", "bash", "./two.sh"];
         let ca = self.launcher_command(&a, &cmd, &[]).spawn().unwrap();
         let cb = self.launcher_command(&b, &cmd, &[]).spawn().unwrap();
         let both = self.wait_for_sandbox(&a) && self.wait_for_sandbox(&b);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !(a.join("started").exists() && b.join("started").exists())
-            && Instant::now() < deadline
+        while !(a.join("router").exists() && b.join("router").exists()) && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(100));
         }
+        let router_of = |d: &Path| fs::read_to_string(d.join("router")).unwrap_or_default();
+        fs::write(a.join("other"), router_of(&b)).unwrap();
+        fs::write(b.join("other"), router_of(&a)).unwrap();
         for d in [&a, &b] {
             fs::write(d.join("go"), "").unwrap();
         }
@@ -1180,6 +1191,10 @@ impl Suite<'_> {
                 rb.stderr.trim()
             ),
         );
+        for r in [&ra, &rb] {
+            self.checks
+                .script(&mode, &r.stdout, &["other-router-dns", "other-router-http"]);
+        }
     }
 
     /// A launcher killed with SIGKILL cannot clean up; the next start removes its objects.
