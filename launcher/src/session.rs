@@ -438,6 +438,8 @@ fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
 struct HostInfo {
     /// Rootless podman (the product's mode) or rootful.
     rootless: bool,
+    /// More ids than the user's own are mapped (rootless only).
+    subordinate_ids: bool,
 }
 
 /// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
@@ -451,27 +453,34 @@ fn preflight(podman: &Podman) -> anyhow::Result<HostInfo> {
              an /etc/subuid and /etc/subgid range for your user, then `podman system migrate`)"
         )
     })?;
-    let info: serde_json::Value =
-        serde_json::from_str(&info).context("cannot parse `podman info --format json`")?;
-    let host = &info["host"];
-    let rootless = host["security"]["rootless"].as_bool().unwrap_or(false);
-    if rootless {
-        let mapped = |key: &str| -> u64 {
-            host["idMappings"][key]
-                .as_array()
-                .map(|m| m.iter().filter_map(|e| e["size"].as_u64()).sum())
-                .unwrap_or(0)
-        };
-        if mapped("uidmap") <= 1 || mapped("gidmap") <= 1 {
-            let user = std::env::var("USER").unwrap_or_else(|_| "$USER".into());
-            bail!(
-                "rootless podman is not set up for {user}: there is no subordinate uid/gid range. \
-                 Add one (e.g. `sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`), \
-                 then run `podman system migrate`"
-            );
-        }
+    let host = parse_host_info(&info)?;
+    if host.rootless && !host.subordinate_ids {
+        let user = std::env::var("USER").unwrap_or_else(|_| "$USER".into());
+        bail!(
+            "rootless podman is not set up for {user}: there is no subordinate uid/gid range. \
+             Add one (e.g. `sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`), \
+             then run `podman system migrate`"
+        );
     }
-    Ok(HostInfo { rootless })
+    Ok(host)
+}
+
+/// Reads `podman info --format json`: the mode, and whether more than the user's own id is mapped
+/// (keep-id needs a subordinate range; without one podman maps only the user, and warns).
+fn parse_host_info(json: &str) -> anyhow::Result<HostInfo> {
+    let info: serde_json::Value =
+        serde_json::from_str(json).context("cannot parse `podman info --format json`")?;
+    let host = &info["host"];
+    let mapped = |key: &str| -> u64 {
+        host["idMappings"][key]
+            .as_array()
+            .map(|m| m.iter().filter_map(|e| e["size"].as_u64()).sum())
+            .unwrap_or(0)
+    };
+    Ok(HostInfo {
+        rootless: host["security"]["rootless"].as_bool().unwrap_or(false),
+        subordinate_ids: mapped("uidmap") > 1 && mapped("gidmap") > 1,
+    })
 }
 
 /// Whether an image is in local storage.
@@ -960,6 +969,24 @@ mod tests {
             assert_eq!(l[0].labels[LABEL_SESSION], "a");
         }
         assert!(parse_listing(Kind::Pod, "null").is_empty());
+    }
+
+    #[test]
+    fn host_info() {
+        let rootless = r#"{"host":{"security":{"rootless":true},"idMappings":{
+            "uidmap":[{"container_id":0,"host_id":1001,"size":1},{"container_id":1,"host_id":100000,"size":65536}],
+            "gidmap":[{"container_id":0,"host_id":1001,"size":1},{"container_id":1,"host_id":100000,"size":65536}]}}}"#;
+        let h = parse_host_info(rootless).unwrap();
+        assert!(h.rootless && h.subordinate_ids);
+        // No /etc/subuid range: podman maps the user alone.
+        let single = r#"{"host":{"security":{"rootless":true},"idMappings":{
+            "uidmap":[{"container_id":0,"host_id":1001,"size":1}],
+            "gidmap":[{"container_id":0,"host_id":1001,"size":1}]}}}"#;
+        let h = parse_host_info(single).unwrap();
+        assert!(h.rootless && !h.subordinate_ids);
+        let rootful = r#"{"host":{"security":{"rootless":false},"idMappings":{}}}"#;
+        assert!(!parse_host_info(rootful).unwrap().rootless);
+        assert!(parse_host_info("not json").is_err());
     }
 
     #[test]
