@@ -959,9 +959,15 @@ impl Suite<'_> {
         // Something outside the project that must stay invisible.
         let secret = self.fx.root.join("outside-secret");
         fs::write(&secret, "secret").unwrap();
-        let script = FILES.replace("@SECRET@", &secret.display().to_string());
+        // The host's home (rootless: the user's real one) is not the sandbox's: its files stay outside.
+        let marker = self.mode.home.join(".as-e2e-host-home-marker");
+        fs::write(&marker, "host").unwrap();
+        let script = FILES
+            .replace("@SECRET@", &secret.display().to_string())
+            .replace("@MARKER@", &marker.display().to_string());
         self.write_script(&dir, "files.sh", &script);
         let r = self.launch(&dir, &["--exec", "bash", "./files.sh"]);
+        let _ = fs::remove_file(&marker);
         let mode = self.mode.clone();
         self.checks.script(
             &mode,
@@ -969,6 +975,8 @@ impl Suite<'_> {
             &[
                 "project-writable",
                 "outside-invisible",
+                "host-home-invisible",
+                "only-expected-host-mounts",
                 "home-is-volume",
                 "no-address-change",
                 "no-route-change",
@@ -1360,6 +1368,10 @@ podman rmi -f localhost/as-e2e-nested:1 >/dev/null 2>&1
 const FILES: &str = r#"
 t project-writable bash -c 'echo x > created-in-sandbox'
 f outside-invisible test -e "@SECRET@"
+f host-home-invisible test -e "@MARKER@"
+# Bind mounts from the host: the project, hosts, resolv.conf and podman's own files (hostname,
+# .containerenv, the init binary); the home volume lives under the container storage's volumes.
+t only-expected-host-mounts bash -c '! awk '"'"'{print $5}'"'"' /proc/self/mountinfo | grep -vxE "$PWD|/|/etc/hosts|/etc/resolv.conf|/etc/hostname|/etc/passwd|/etc/group|/run/.containerenv|/run/podman-init|/dev.*|/proc.*|/sys.*|$HOME" | grep -q .'
 t home-is-volume bash -c 'touch "$HOME/.as-e2e" && rm "$HOME/.as-e2e"'
 f no-address-change ip addr add 10.99.99.99/32 dev lo
 f no-route-change ip route add 10.99.0.0/16 dev lo
