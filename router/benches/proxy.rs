@@ -110,6 +110,23 @@ fn serve_http(listener: TcpListener) {
                             break;
                         }
                     }
+                    if head.starts_with(b"GET /bulk ") {
+                        let chunk = vec![b'x'; 256 * 1024];
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {BULK_HTTP}\r\n\r\n");
+                        if w.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let mut left = BULK_HTTP;
+                        while left > 0 {
+                            let n = left.min(chunk.len() as u64) as usize;
+                            if w.write_all(&chunk[..n]).await.is_err() {
+                                return;
+                            }
+                            left -= n as u64;
+                        }
+                        continue;
+                    }
                     if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                         .await
                         .is_err()
@@ -120,6 +137,26 @@ fn serve_http(listener: TcpListener) {
             });
         }
     });
+}
+
+/// Bytes of the `/bulk` HTTP response.
+const BULK_HTTP: u64 = 2 << 30;
+
+/// One HTTP download of [`BULK_HTTP`] bytes, in Gbit/s.
+async fn http_bulk(addr: SocketAddr, host: &str) -> f64 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET /bulk HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 256 * 1024];
+    let start = Instant::now();
+    let mut total = 0u64;
+    while total < BULK_HTTP {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        total += n as u64;
+    }
+    total as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
 }
 
 async fn bulk(addr: SocketAddr, upload: bool, secs: f64) -> f64 {
@@ -276,6 +313,11 @@ fn main() {
                 "bulk download, 1 stream (Gbit/s)",
                 format!("{:.2}", bulk(direct, false, secs).await),
                 format!("{:.2}", bulk(via, false, secs).await),
+            ),
+            (
+                "HTTP download, 2 GiB body (Gbit/s)",
+                format!("{:.2}", http_bulk(direct_http, host).await),
+                format!("{:.2}", http_bulk(router.http, host).await),
             ),
             (
                 "new TCP connections/s (host:port entry, 16 clients)",

@@ -47,8 +47,10 @@ pub const ALLOWLIST_PATH: &str = "~/.config/agent-sandbox/allowed-hosts";
 /// The longest client-supplied name put in a log line or a response.
 const MAX_SHOWN_NAME: usize = 256;
 
-/// Read size while peeking at a hello or a request head.
-const PEEK_READ: usize = 16 * 1024;
+/// Read size while peeking at a hello or a request head. Small: a typical ClientHello (1.5–2 KB with a
+/// post-quantum key share) or request head fits, and a thousand clients connecting at once should not
+/// each pin a large buffer.
+const PEEK_READ: usize = 4 * 1024;
 
 /// Read size while relaying HTTP request bodies.
 const BODY_READ: usize = 64 * 1024;

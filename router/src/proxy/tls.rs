@@ -169,32 +169,44 @@ impl HelloReader {
             if rest.len() < 5 + len {
                 return Ok(None);
             }
-            self.handshake.extend_from_slice(&rest[5..5 + len]);
             self.next_record += 5 + len;
-            if let Some(sni) = self.try_hello()? {
+            let payload = &self.raw[self.next_record - len..self.next_record];
+            // The usual case, a whole hello in its first record, is parsed in place without a copy.
+            let done = if self.handshake.is_empty() {
+                match try_hello(payload)? {
+                    Some(sni) => Some(sni),
+                    None => {
+                        self.handshake.extend_from_slice(payload);
+                        None
+                    }
+                }
+            } else {
+                self.handshake.extend_from_slice(payload);
+                try_hello(&self.handshake)?
+            };
+            if let Some(sni) = done {
                 return Ok(Some(sni));
             }
         }
     }
+}
 
-    /// Looks at the reassembled handshake bytes: the hello's SNI once it is complete.
-    fn try_hello(&self) -> Result<Option<Vec<u8>>, HelloError> {
-        let hs = &self.handshake;
-        if hs.first().is_some_and(|&t| t != HANDSHAKE_CLIENT_HELLO) {
-            return Err(HelloError::NotClientHello);
-        }
-        if hs.len() < 4 {
-            return Ok(None);
-        }
-        let body_len = usize::from(hs[1]) << 16 | usize::from(hs[2]) << 8 | usize::from(hs[3]);
-        if 4 + body_len > MAX_HELLO_LEN {
-            return Err(HelloError::TooLarge);
-        }
-        if hs.len() < 4 + body_len {
-            return Ok(None);
-        }
-        sni_from_client_hello(&hs[4..4 + body_len]).map(Some)
+/// Looks at reassembled handshake bytes: the hello's SNI once it is complete, `None` before.
+fn try_hello(hs: &[u8]) -> Result<Option<Vec<u8>>, HelloError> {
+    if hs.first().is_some_and(|&t| t != HANDSHAKE_CLIENT_HELLO) {
+        return Err(HelloError::NotClientHello);
     }
+    if hs.len() < 4 {
+        return Ok(None);
+    }
+    let body_len = usize::from(hs[1]) << 16 | usize::from(hs[2]) << 8 | usize::from(hs[3]);
+    if 4 + body_len > MAX_HELLO_LEN {
+        return Err(HelloError::TooLarge);
+    }
+    if hs.len() < 4 + body_len {
+        return Ok(None);
+    }
+    sni_from_client_hello(&hs[4..4 + body_len]).map(Some)
 }
 
 /// Extracts the one host_name from a ClientHello body (the handshake message without its 4-byte header).
