@@ -1165,3 +1165,76 @@ async fn connection_cap_holds_extra_connections_in_the_backlog() {
     assert_eq!(&b, b"x");
     assert_eq!(accepts.get(), 3);
 }
+
+fn set_soft_nofile(soft: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        let old = lim.rlim_cur;
+        lim.rlim_cur = soft;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        old
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_backs_off_then_recovers() {
+    require_netns!();
+    // Alone: the descriptor limit is process-wide.
+    let _g = FD_LOCK.write().await;
+    let w = World::new("emfile").await;
+    let db = w.name("db");
+    w.point(&db);
+    let accepts = echo_upstream(w.ns.bind(5432));
+    let router = TestRouter::start(
+        Settings {
+            forwards: vec![(db.clone(), 5432)],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let addr = router.forward(&db, 5432);
+    let warnings = || {
+        events("cannot accept; backing off")
+            .iter()
+            .filter(|e| e["listener"] == "forward")
+            .count()
+    };
+    let before = warnings();
+    // One free descriptor: the client's socket takes it, the router's accept() gets EMFILE.
+    // (open_fds() counts its own directory descriptor, hence no +1.)
+    let old = set_soft_nofile(open_fds() as u64);
+    let client = TcpStream::connect(addr).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    set_soft_nofile(old);
+    let mut client = client.unwrap();
+    let backoffs = warnings() - before;
+    // Exponential backoff from 10 ms to 1 s: a handful of warnings in 1.5 s, not a spin.
+    assert!((1..=12).contains(&backoffs), "{backoffs} backoff warnings");
+    assert_eq!(accepts.get(), 0);
+    // With descriptors back, the router serves again (the client that waited may have met a resolver
+    // that had just failed for want of a socket; what matters is that the failure does not last).
+    drop(client);
+    let start = Instant::now();
+    loop {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"y").await.unwrap();
+        let mut b = [0u8; 1];
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), c.read_exact(&mut b)).await
+        {
+            assert_eq!(&b, b"y");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the router did not recover"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("recovered after {:?}", start.elapsed());
+}
