@@ -1212,7 +1212,7 @@ async fn out_of_descriptors_backs_off_then_recovers() {
     let client = TcpStream::connect(addr).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     set_soft_nofile(old);
-    let mut client = client.unwrap();
+    let client = client.unwrap();
     let backoffs = warnings() - before;
     // Exponential backoff from 10 ms to 1 s: a handful of warnings in 1.5 s, not a spin.
     assert!((1..=12).contains(&backoffs), "{backoffs} backoff warnings");
