@@ -185,93 +185,127 @@ pub struct SandboxSpec {
     pub command: Vec<OsString>,
 }
 
+/// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
+/// a builder below reads like the podman command line it makes.
+#[derive(Debug, Default)]
+struct Argv(Vec<OsString>);
+
+impl Argv {
+    fn new(words: &[&str]) -> Argv {
+        Argv(words.iter().map(OsString::from).collect())
+    }
+
+    fn arg(&mut self, a: impl Into<OsString>) -> &mut Argv {
+        self.0.push(a.into());
+        self
+    }
+
+    fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(&mut self, items: I) -> &mut Argv {
+        self.0.extend(items.into_iter().map(Into::into));
+        self
+    }
+
+    fn opt(&mut self, flag: &str, value: impl Into<OsString>) -> &mut Argv {
+        self.arg(flag).arg(value)
+    }
+
+    fn labels(&mut self, labels: &SessionLabels) -> &mut Argv {
+        self.args(labels.args())
+    }
+
+    fn done(&mut self) -> Vec<OsString> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+/// `SRC:DST` plus options (`:ro`, `:U`), for `--volume`.
+fn mount(src: &Path, dst: &Path, opts: &str) -> OsString {
+    let mut m = src.as_os_str().to_owned();
+    m.push(":");
+    m.push(dst.as_os_str());
+    m.push(opts);
+    m
+}
+
 /// Builds `podman` argument vectors (without the program name).
 pub mod args {
     use super::*;
 
-    fn v<I, S>(items: I) -> Vec<OsString>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<OsString>,
-    {
-        items.into_iter().map(Into::into).collect()
-    }
-
     /// `podman info` as JSON: rootless or not, id mappings.
     #[must_use]
     pub fn info() -> Vec<OsString> {
-        v(["info", "--format", "json"])
+        Argv::new(&["info", "--format", "json"]).done()
     }
 
     /// Exit 0 if the image is in local storage.
     #[must_use]
     pub fn image_exists(image: &str) -> Vec<OsString> {
-        v(["image", "exists", image])
+        Argv::new(&["image", "exists", image]).done()
     }
 
     /// Fetches a registry image (release builds pin registry images).
     #[must_use]
     pub fn image_pull(image: &str) -> Vec<OsString> {
-        v(["pull", image])
+        Argv::new(&["pull", image]).done()
     }
 
     /// Exit 0 if the network exists.
     #[must_use]
     pub fn network_exists(name: &str) -> Vec<OsString> {
-        v(["network", "exists", name])
+        Argv::new(&["network", "exists", name]).done()
     }
 
     /// The shared egress network: an ordinary bridge with DNS, so the router resolves upstream names
     /// (and, in tests, other containers' aliases) through podman's resolver.
     #[must_use]
     pub fn network_create_egress(name: &str) -> Vec<OsString> {
-        let mut a = v(["network", "create", "--label"]);
-        a.push(format!("{LABEL_SHARED}=egress").into());
-        a.push(name.into());
-        a
+        Argv::new(&["network", "create"])
+            .opt("--label", format!("{LABEL_SHARED}=egress"))
+            .arg(name)
+            .done()
     }
 
     /// The session network: `--internal` (no route out) and `--disable-dns` (no aardvark-dns, which on
     /// older podman forwards queries upstream from internal networks too).
     #[must_use]
     pub fn network_create_session(spec: &NetworkSpec) -> Vec<OsString> {
-        let mut a = v(["network", "create", "--internal", "--disable-dns"]);
-        a.extend(spec.labels.args());
-        a.push(spec.name.clone().into());
-        a
+        Argv::new(&["network", "create", "--internal", "--disable-dns"])
+            .labels(&spec.labels)
+            .arg(&spec.name)
+            .done()
     }
 
-    /// The network as JSON (for its subnet).
+    /// The network as JSON (subnets, gateways, whether DNS is enabled).
     #[must_use]
     pub fn network_inspect(name: &str) -> Vec<OsString> {
-        v(["network", "inspect", name])
+        Argv::new(&["network", "inspect", name]).done()
     }
 
     /// Removes a network and anything still attached to it.
     #[must_use]
     pub fn network_rm(name: &str) -> Vec<OsString> {
-        v(["network", "rm", "--force", name])
+        Argv::new(&["network", "rm", "--force", name]).done()
     }
 
     /// Exit 0 if the volume exists.
     #[must_use]
     pub fn volume_exists(name: &str) -> Vec<OsString> {
-        v(["volume", "exists", name])
+        Argv::new(&["volume", "exists", name]).done()
     }
 
     /// Creates the home volume (kept between sessions, shared by all of them).
     #[must_use]
     pub fn volume_create(name: &str) -> Vec<OsString> {
-        let mut a = v(["volume", "create", "--label"]);
-        a.push(format!("{LABEL_SHARED}=home").into());
-        a.push(name.into());
-        a
+        Argv::new(&["volume", "create"])
+            .opt("--label", format!("{LABEL_SHARED}=home"))
+            .arg(name)
+            .done()
     }
 
     /// The volume's directory on the host, to check who owns it.
     #[must_use]
     pub fn volume_mountpoint(name: &str) -> Vec<OsString> {
-        v(["volume", "inspect", "--format", "{{.Mountpoint}}", name])
+        Argv::new(&["volume", "inspect", "--format", "{{.Mountpoint}}", name]).done()
     }
 
     /// The router: on the session network at its fixed address and on the egress network; read-only root
@@ -279,81 +313,64 @@ pub mod args {
     /// `ip_unprivileged_port_start` in its own network namespace, so it needs no capability at all.
     #[must_use]
     pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
-        let mut a = v(["run", "--detach", "--name", &spec.name]);
-        a.extend(spec.labels.args());
-        a.extend(v([
-            "--pull=never".to_owned(),
-            "--network".to_owned(),
-            format!("{}:ip={}", spec.session_network, spec.session_ip),
-            "--network".to_owned(),
-            spec.egress_network.clone(),
-            "--read-only".to_owned(),
-            "--cap-drop".to_owned(),
-            "ALL".to_owned(),
-            "--sysctl".to_owned(),
-            "net.ipv4.ip_unprivileged_port_start=53".to_owned(),
-            "--security-opt".to_owned(),
-            "no-new-privileges".to_owned(),
-            "--security-opt".to_owned(),
-            "label=disable".to_owned(),
-            "--volume".to_owned(),
-        ]));
-        let mut mount = spec.config_file.as_os_str().to_owned();
-        mount.push(format!(":{ROUTER_CONFIG_PATH}:ro"));
-        a.push(mount);
-        a.extend(v([
-            spec.image.as_str(),
-            "--config",
-            ROUTER_CONFIG_PATH,
-            "--log-format",
-            "json",
-        ]));
-        a
+        Argv::new(&["run", "--detach"])
+            .opt("--name", &spec.name)
+            .labels(&spec.labels)
+            .arg("--pull=never")
+            .opt(
+                "--network",
+                format!("{}:ip={}", spec.session_network, spec.session_ip),
+            )
+            .opt("--network", &spec.egress_network)
+            .arg("--read-only")
+            .opt("--cap-drop", "ALL")
+            .opt("--sysctl", "net.ipv4.ip_unprivileged_port_start=53")
+            .opt("--security-opt", "no-new-privileges")
+            .opt("--security-opt", "label=disable")
+            .opt(
+                "--volume",
+                mount(&spec.config_file, Path::new(ROUTER_CONFIG_PATH), ":ro"),
+            )
+            .arg(&spec.image)
+            .args(["--config", ROUTER_CONFIG_PATH, "--log-format", "json"])
+            .done()
     }
 
     /// The pod: its only network is the session network, its only resolver the router, and its hosts
     /// file is not generated from the host's (the sandbox mounts a localhost-only one).
     #[must_use]
     pub fn pod_create(spec: &PodSpec) -> Vec<OsString> {
-        let mut a = v(["pod", "create", "--name", &spec.name]);
-        a.extend(spec.labels.args());
-        a.extend(v([
-            "--network".to_owned(),
-            spec.network.clone(),
-            "--dns".to_owned(),
-            spec.dns.to_string(),
-            "--no-hosts".to_owned(),
-        ]));
+        let mut a = Argv::new(&["pod", "create"]);
+        a.opt("--name", &spec.name)
+            .labels(&spec.labels)
+            .opt("--network", &spec.network)
+            .opt("--dns", spec.dns.to_string())
+            .arg("--no-hosts");
         // A user namespace cannot be set per container in a pod: keep-id goes on the pod.
         if spec.user == UserMapping::KeepId {
-            a.push("--userns=keep-id".into());
+            a.arg("--userns=keep-id");
         }
-        a
+        a.done()
     }
 
     /// The forwarder in the pod: read-only, no capability but NET_BIND_SERVICE (it binds 80/443 and port
     /// entries below 1024 on the loopback addresses).
     #[must_use]
     pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
-        let mut a = v(["run", "--detach", "--name", &spec.name, "--pod", &spec.pod]);
-        a.extend(spec.labels.args());
-        a.extend(v([
-            "--pull=never",
-            "--read-only",
-            "--cap-drop",
-            "ALL",
-            "--cap-add",
-            "NET_BIND_SERVICE",
-            "--security-opt",
-            "no-new-privileges",
-            "--security-opt",
-            "label=disable",
-            "--entrypoint",
-            FORWARDER_PATH,
-            &spec.image,
-        ]));
-        a.extend(spec.relays.iter().map(OsString::from));
-        a
+        Argv::new(&["run", "--detach"])
+            .opt("--name", &spec.name)
+            .opt("--pod", &spec.pod)
+            .labels(&spec.labels)
+            .arg("--pull=never")
+            .arg("--read-only")
+            .opt("--cap-drop", "ALL")
+            .opt("--cap-add", "NET_BIND_SERVICE")
+            .opt("--security-opt", "no-new-privileges")
+            .opt("--security-opt", "label=disable")
+            .opt("--entrypoint", FORWARDER_PATH)
+            .arg(&spec.image)
+            .args(&spec.relays)
+            .done()
     }
 
     /// The sandbox: the project at its own path (read-write, no relabelling), the home volume, the
@@ -364,172 +381,128 @@ pub mod args {
     /// user, which owns nothing under /proc/sys and has no capability to use the rest.
     #[must_use]
     pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
-        let mut a = v(["run", "--name", &spec.name, "--pod", &spec.pod]);
-        a.extend(spec.labels.args());
-        a.push("--interactive".into());
+        let mut a = Argv::new(&["run"]);
+        a.opt("--name", &spec.name)
+            .opt("--pod", &spec.pod)
+            .labels(&spec.labels)
+            .arg("--interactive");
         if spec.tty {
-            a.push("--tty".into());
+            a.arg("--tty");
         }
         let non_root = match &spec.user {
             UserMapping::KeepId => true,
             UserMapping::Host { uid, gid } => {
-                a.push("--user".into());
-                a.push(format!("{uid}:{gid}").into());
+                a.opt("--user", format!("{uid}:{gid}"));
                 *uid != 0
             }
         };
         if let Some(entry) = &spec.passwd_entry {
-            a.push("--passwd-entry".into());
-            a.push(entry.into());
+            a.opt("--passwd-entry", entry);
         }
-        a.extend(v([
-            "--pull=never",
-            "--init",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--security-opt",
-            "label=disable",
-        ]));
+        a.arg("--pull=never")
+            .arg("--init")
+            .opt("--cap-drop", "ALL")
+            .opt("--security-opt", "no-new-privileges")
+            .opt("--security-opt", "label=disable");
         if non_root {
-            a.extend(v(["--security-opt", "unmask=/proc/*"]));
+            a.opt("--security-opt", "unmask=/proc/*");
         }
-        let bind = |src: &Path, dst: &Path, opts: &str| {
-            let mut m = src.as_os_str().to_owned();
-            m.push(":");
-            m.push(dst.as_os_str());
-            m.push(opts);
-            m
-        };
-        a.push("--volume".into());
-        a.push(bind(&spec.project, &spec.project, ""));
-        a.push("--workdir".into());
-        a.push(spec.project.clone().into());
-        a.push("--volume".into());
-        a.push(bind(
-            Path::new(&spec.home_volume),
-            &spec.home,
-            if spec.chown_home { ":U" } else { "" },
-        ));
-        a.push("--env".into());
-        let mut home = OsString::from("HOME=");
-        home.push(spec.home.as_os_str());
-        a.push(home);
-        a.push("--volume".into());
-        a.push(bind(&spec.hosts_file, Path::new("/etc/hosts"), ":ro"));
-        a.push("--volume".into());
-        a.push(bind(
-            &spec.resolv_file,
-            Path::new("/etc/resolv.conf"),
-            ":ro",
-        ));
+        let home_opts = if spec.chown_home { ":U" } else { "" };
+        let mut home_env = OsString::from("HOME=");
+        home_env.push(spec.home.as_os_str());
+        a.opt("--volume", mount(&spec.project, &spec.project, ""))
+            .opt("--workdir", &spec.project)
+            .opt(
+                "--volume",
+                mount(Path::new(&spec.home_volume), &spec.home, home_opts),
+            )
+            .opt("--env", home_env)
+            .opt(
+                "--volume",
+                mount(&spec.hosts_file, Path::new("/etc/hosts"), ":ro"),
+            )
+            .opt(
+                "--volume",
+                mount(&spec.resolv_file, Path::new("/etc/resolv.conf"), ":ro"),
+            );
         for name in &spec.pass_env {
-            a.push("--env".into());
-            a.push(name.into());
+            a.opt("--env", name);
         }
-        a.push(spec.image.clone().into());
-        a.extend(spec.command.iter().cloned());
-        a
+        a.arg(&spec.image).args(spec.command.iter().cloned()).done()
+    }
+
+    /// `podman ps|pod ps|network ls` of every object carrying the session label, as JSON.
+    fn list_sessions(command: &[&str]) -> Vec<OsString> {
+        Argv::new(command)
+            .opt("--filter", format!("label={LABEL_SESSION}"))
+            .opt("--format", "json")
+            .done()
     }
 
     /// Containers (JSON) carrying the session label, of any session.
     #[must_use]
     pub fn ps_sessions() -> Vec<OsString> {
-        v([
-            "ps".to_owned(),
-            "--all".to_owned(),
-            "--filter".to_owned(),
-            format!("label={LABEL_SESSION}"),
-            "--format".to_owned(),
-            "json".to_owned(),
-        ])
+        list_sessions(&["ps", "--all"])
     }
 
     /// Pods (JSON) carrying the session label.
     #[must_use]
     pub fn pod_ps_sessions() -> Vec<OsString> {
-        v([
-            "pod".to_owned(),
-            "ps".to_owned(),
-            "--filter".to_owned(),
-            format!("label={LABEL_SESSION}"),
-            "--format".to_owned(),
-            "json".to_owned(),
-        ])
+        list_sessions(&["pod", "ps"])
     }
 
     /// Networks (JSON) carrying the session label.
     #[must_use]
     pub fn network_ls_sessions() -> Vec<OsString> {
-        v([
-            "network".to_owned(),
-            "ls".to_owned(),
-            "--filter".to_owned(),
-            format!("label={LABEL_SESSION}"),
-            "--format".to_owned(),
-            "json".to_owned(),
-        ])
+        list_sessions(&["network", "ls"])
     }
 
     /// Removes a pod and its containers.
     #[must_use]
     pub fn pod_rm(name: &str) -> Vec<OsString> {
-        v([
-            "pod".to_owned(),
-            "rm".to_owned(),
-            "--force".to_owned(),
-            "--time".to_owned(),
-            STOP_TIMEOUT_SECS.to_string(),
-            name.to_owned(),
-        ])
+        Argv::new(&["pod", "rm", "--force"])
+            .opt("--time", STOP_TIMEOUT_SECS.to_string())
+            .arg(name)
+            .done()
     }
 
     /// Removes a container.
     #[must_use]
     pub fn rm(name: &str) -> Vec<OsString> {
-        v([
-            "rm".to_owned(),
-            "--force".to_owned(),
-            "--time".to_owned(),
-            STOP_TIMEOUT_SECS.to_string(),
-            name.to_owned(),
-        ])
+        Argv::new(&["rm", "--force"])
+            .opt("--time", STOP_TIMEOUT_SECS.to_string())
+            .arg(name)
+            .done()
     }
 
     /// Sends a signal (by number) to a container's main process.
     #[must_use]
     pub fn kill(name: &str, signal: i32) -> Vec<OsString> {
-        v([
-            "kill".to_owned(),
-            "--signal".to_owned(),
-            signal.to_string(),
-            name.to_owned(),
-        ])
+        Argv::new(&["kill"])
+            .opt("--signal", signal.to_string())
+            .arg(name)
+            .done()
     }
 
     /// Kills a pod's containers at once (the launcher was told to stop and the command did not).
     #[must_use]
     pub fn pod_kill(name: &str) -> Vec<OsString> {
-        v(["pod", "kill", name])
+        Argv::new(&["pod", "kill", name]).done()
     }
 
     /// A container's log, stdout and stderr.
     #[must_use]
     pub fn logs(name: &str) -> Vec<OsString> {
-        v(["logs", name])
+        Argv::new(&["logs", name]).done()
     }
 
     /// Whether a container is running, and its exit code.
     #[must_use]
     pub fn container_state(name: &str) -> Vec<OsString> {
-        v([
-            "container",
-            "inspect",
-            "--format",
-            "{{.State.Running}} {{.State.ExitCode}}",
-            name,
-        ])
+        Argv::new(&["container", "inspect"])
+            .opt("--format", "{{.State.Running}} {{.State.ExitCode}}")
+            .arg(name)
+            .done()
     }
 
     /// Builds an image from a Containerfile.
@@ -541,20 +514,17 @@ pub mod args {
         build_args: &[(String, String)],
         secrets: &[(String, PathBuf)],
     ) -> Vec<OsString> {
-        let mut a = v(["build", "--tag", tag, "--file"]);
-        a.push(containerfile.into());
+        let mut a = Argv::new(&["build"]);
+        a.opt("--tag", tag).opt("--file", containerfile);
         for (k, val) in build_args {
-            a.push("--build-arg".into());
-            a.push(format!("{k}={val}").into());
+            a.opt("--build-arg", format!("{k}={val}"));
         }
         for (id, src) in secrets {
-            a.push("--secret".into());
-            let mut s = OsString::from(format!("id={id},src="));
-            s.push(src.as_os_str());
-            a.push(s);
+            let mut secret = OsString::from(format!("id={id},src="));
+            secret.push(src.as_os_str());
+            a.opt("--secret", secret);
         }
-        a.push(context.into());
-        a
+        a.arg(context).done()
     }
 }
 
