@@ -20,7 +20,10 @@ use tokio::net::TcpStream;
 const PIPE_SIZE: libc::c_int = 256 * 1024;
 
 /// User-space copy buffer.
-const COPY_BUF: usize = 64 * 1024;
+const COPY_BUF: usize = 16 * 1024;
+
+/// Bytes a direction copies through user space before it switches to splice(2).
+const SPLICE_AFTER: u64 = 64 * 1024;
 
 /// A pipe for splice(2), closed on drop.
 #[derive(Debug)]
@@ -86,12 +89,26 @@ pub(crate) fn shutdown_write(stream: &TcpStream) {
 /// Copies `src` to `dst` until `src` ends (the caller passes the half-close on). Returns the bytes
 /// copied; `counter` grows as they go, so a connection's log line can report progress even if it is
 /// cut short.
+///
+/// The first [`SPLICE_AFTER`] bytes are copied through a small buffer: a pipe costs two descriptors and
+/// a handful of syscalls, which pays off for bulk transfers but not for the short exchanges most
+/// connections are. A direction that carries more switches to splice(2).
 pub(crate) async fn pump(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
-    match Pipe::new() {
-        Ok(pipe) if splice_enabled() => pump_splice(src, dst, pipe, counter).await,
-        Ok(_) => pump_copy(src, dst, counter).await,
-        Err(_) => pump_copy(src, dst, counter).await,
+    let limit = if splice_enabled() {
+        SPLICE_AFTER
+    } else {
+        u64::MAX
+    };
+    let (copied, ended) = pump_copy(src, dst, counter, limit).await?;
+    if ended {
+        return Ok(copied);
     }
+    let rest = match Pipe::new() {
+        Ok(pipe) => pump_splice(src, dst, pipe, counter).await?,
+        // Out of descriptors: carry on copying.
+        Err(_) => pump_copy(src, dst, counter, u64::MAX).await?.0,
+    };
+    Ok(copied + rest)
 }
 
 async fn pump_splice(
@@ -136,25 +153,36 @@ async fn pump_splice(
     }
 }
 
-async fn pump_copy(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
-    let mut buf = vec![0u8; COPY_BUF];
+/// Copies until `src` ends (`true`) or at least `limit` bytes have been copied (`false`). The buffer is
+/// only held while data is in hand, so an idle relay holds none.
+async fn pump_copy(
+    src: &TcpStream,
+    dst: &TcpStream,
+    counter: &AtomicU64,
+    limit: u64,
+) -> io::Result<(u64, bool)> {
     let mut total = 0u64;
-    loop {
-        let n = loop {
-            match src.try_read(&mut buf) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => src.readable().await?,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    while total < limit {
+        src.readable().await?;
+        let mut buf = Vec::with_capacity(COPY_BUF);
+        let n = match src.try_read_buf(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                continue
             }
+            Err(e) => return Err(e),
         };
         if n == 0 {
-            return Ok(total);
+            return Ok((total, true));
         }
         write_all(dst, &buf[..n]).await?;
         total += n as u64;
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
+    Ok((total, false))
 }
 
 /// Writes all of `data` to a shared stream.
