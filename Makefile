@@ -15,7 +15,12 @@ STATIC_FORWARDER := target/x86_64-unknown-linux-gnu/release-small/agent-sandbox-
 LOCAL_BASE := localhost/debian:bookworm
 SANDBOX_BASE ?= $(shell podman image exists $(LOCAL_BASE) 2>/dev/null && echo $(LOCAL_BASE))
 
-.PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e
+VERSION := $(shell packaging/version.sh)
+# Where the release pipeline publishes the images the RPM's launcher pins.
+REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
+
+.PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
+	rpm release-images patch minor major pre-commit bench packaging-test
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -28,11 +33,13 @@ test: ## everything the project tests
 	$(CARGO) test --workspace --locked
 	$(MAKE) --no-print-directory image-test
 	$(MAKE) --no-print-directory e2e
+	$(MAKE) --no-print-directory packaging-test
 
-lint: ## rustfmt --check and clippy -D warnings
+lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	shellcheck containers/router/build.sh tests/e2e/make-base.sh
+	shellcheck .ci/run $$(git ls-files '*.sh')
+	tests/check-containerfile-args.sh
 
 fmt: ## format the code
 	$(CARGO) fmt --all
@@ -55,3 +62,26 @@ e2e: ## end-to-end suite: real launcher, podman and images; rootful and rootless
 	$(if $(SANDBOX_BASE),,tests/e2e/make-base.sh $(LOCAL_BASE))
 	$(MAKE) --no-print-directory build SANDBOX_BASE=$(or $(SANDBOX_BASE),$(LOCAL_BASE))
 	AGENT_SANDBOX_E2E=1 $(CARGO) test --locked -p agent-sandbox --test e2e -- --nocapture
+
+rpm: ## dist/agent-sandbox-VERSION-RELEASE.x86_64.rpm (the launcher pins the $(REGISTRY) images)
+	REGISTRY=$(REGISTRY) packaging/build-rpm.sh
+
+packaging-test: ## build the RPM, check and install it into a scratch root; version bumps in a clone
+	tests/packaging.sh
+
+release-images: ## build both images tagged for REGISTRY at VERSION (pushing is the pipeline's job)
+	$(CARGO) build --release --locked -p agent-sandbox
+	AGENT_SANDBOX_IMAGE=$(REGISTRY)/agent-sandbox:$(VERSION) \
+	AGENT_SANDBOX_ROUTER_IMAGE=$(REGISTRY)/agent-sandbox-router:$(VERSION) \
+		target/release/agent-sandbox --build-images $(if $(SANDBOX_BASE),--base-image $(SANDBOX_BASE))
+	@echo "built $(REGISTRY)/agent-sandbox:$(VERSION) and $(REGISTRY)/agent-sandbox-router:$(VERSION)"
+
+patch minor major: ## bump the version (Cargo.toml, Cargo.lock, spec), commit and tag vX.Y.Z
+	packaging/bump-version.sh $@
+
+pre-commit: ## run the repository's pre-commit hooks on all files (pre-commit from PyPI)
+	command -v pre-commit >/dev/null || python3 -m pip install --quiet pre-commit
+	pre-commit run --all-files
+
+bench: ## the benchmark suite (root): router vs dnsmasq/nginx, forwarder vs socat -> BENCHMARKS.md
+	benches/run.sh

@@ -39,16 +39,16 @@ rpm -i --nodeps --root "$root" "$rpm_path"
 launcher="$root/usr/bin/agent-sandbox"
 [ -x "$launcher" ] || fail "the installed launcher is missing"
 "$launcher" --version | grep -q "$version" || fail "--version does not show $version"
-report=$("$launcher" --version)
+report=$("$launcher" --print-config)
 for image in "artifactapi.k8s.syd1.au.unkin.net/docker-internal/agent-sandbox:$version" \
     "artifactapi.k8s.syd1.au.unkin.net/docker-internal/agent-sandbox-router:$version"; do
-    grep -qF -- "$image" <<<"$report" || fail "--version does not name $image:"$'\n'"$report"
+    grep -qF -- "$image" <<<"$report" || fail "--print-config does not name $image:"$'\n'"$report"
 done
 grep -q 'localhost/' <<<"$report" && fail "the packaged launcher still names a local image:"$'\n'"$report"
 cmp -s "$root/usr/share/agent-sandbox/allowed-hosts" packaging/allowed-hosts || fail "the packaged allowlist differs"
 grep -q 'agent-sandbox' "$root/usr/share/bash-completion/completions/agent-sandbox" || fail "empty bash completion"
-grep -q -- '--exec' "$root/usr/share/man/man1/agent-sandbox.1" || fail "the man page does not document --exec"
-ok "installed into a scratch root; --version names the pinned images"
+grep -qF -- '\-\-exec' "$root/usr/share/man/man1/agent-sandbox.1" || fail "the man page does not document --exec"
+ok "installed into a scratch root; --version and --print-config name the version and the pinned images"
 
 clone="$scratch/clone"
 git clone -q . "$clone"

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# `make bench`: the whole benchmark suite in one run on this machine, written to BENCHMARKS.md.
+#
+# Installs what it needs from Debian (dnsperf, dnsmasq, nginx with the stream module, wrk, socat, curl,
+# hyperfine), builds the release binaries, then runs, one after another so they do not compete:
+#   benches/dns.sh        router DNS vs dnsmasq (queries/s, lost queries, RSS)
+#   benches/proxy.sh      router vs nginx vs direct (HTTPS/HTTP rates, bulk, RSS idle and with 1,000 conns)
+#   forwarder bench       forwarder vs socat (connections/s, bulk)
+#   image size            the router image
+#   session start         `agent-sandbox --exec true` vs a bare `podman run --rm IMAGE true`
+# Root only (network namespaces). All traffic stays on this machine. Usage: benches/run.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/tests/containers.conf}
+
+need=()
+for pair in dnsperf:dnsperf dnsmasq:dnsmasq-base nginx:nginx-light wrk:wrk socat:socat curl:curl \
+    hyperfine:hyperfine dig:dnsutils; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || need+=(libnginx-mod-stream)
+if [ "${#need[@]}" -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    # The Debian package starts a system nginx; the benchmark runs its own.
+    systemctl disable --now nginx >/dev/null 2>&1 || true
+fi
+
+cargo build --release --locked -p agent-sandbox-router -p agent-sandbox -p agent-sandbox-forwarder
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+
+echo "== DNS" >&2
+benches/dns.sh "$secs" >"$results/dns.txt"
+echo "== proxy" >&2
+benches/proxy.sh "$secs" "$results/proxy.md" >/dev/null
+echo "== forwarder" >&2
+make --no-print-directory bench-forwarder >"$results/forwarder.txt" 2>&1 || echo "(forwarder bench failed)" >>"$results/forwarder.txt"
+
+image=${ROUTER_IMAGE:-localhost/agent-sandbox-router:dev}
+sandbox_image=${SANDBOX_IMAGE:-localhost/agent-sandbox:dev}
+image_size="not built (make build)"
+if podman image exists "$image"; then
+    bytes=$(podman image inspect "$image" --format '{{.Size}}')
+    image_size="$(awk -v b="$bytes" 'BEGIN {printf "%.1f MB (%d bytes)", b / 1e6, b}')"
+fi
+
+start="not measured (needs both images: make build)"
+if podman image exists "$image" && podman image exists "$sandbox_image"; then
+    echo "== session start" >&2
+    repo=$PWD
+    project=$(mktemp -d /tmp/asb-bench-project.XXXXXX)
+    home=$(mktemp -d /tmp/asb-bench-home.XXXXXX)
+    printf 'example.test\n' >"$home/allowed-hosts"
+    if (cd "$project" && HOME=$home AGENT_SANDBOX_ALLOWLIST=$home/allowed-hosts \
+        hyperfine --warmup 1 --runs 5 --export-markdown "$results/start.md" \
+            -n 'agent-sandbox --exec true' "$repo/target/release/agent-sandbox --exec true" \
+            -n 'podman run --rm IMAGE true' "podman run --rm $sandbox_image true" >/dev/null 2>&1); then
+        start=$(cat "$results/start.md")
+    fi
+    rm -rf "$project" "$home"
+fi
+
+cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
+{
+    echo "# Benchmarks"
+    echo
+    echo "Written by \`make bench\` (benches/run.sh) on $(date -u '+%Y-%m-%d %H:%M UTC'): $(nproc) cores ($cpu),"
+    echo "$(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr), $(awk -F= '/^PRETTY_NAME=/ {gsub(/"/, "", $2); print $2}' /etc/os-release)."
+    echo "Everything ran on this one machine in one run; the load generators share its cores with the"
+    echo "servers, so compare ratios within a table, not absolute figures across machines."
+    echo
+    echo "## DNS: router vs dnsmasq (dnsperf, ${secs} s each, half allowed names, half refused)"
+    echo
+    cat "$results/dns.txt"
+    echo
+    echo "## TLS and HTTP: router vs nginx vs direct (${secs} s each)"
+    echo
+    echo "Upstream: nginx in a network namespace over a veth pair. nginx as the proxy: stream"
+    echo "\`ssl_preread\` on 443, Host-routing \`proxy_pass\` with upstream keep-alive on 80, plus dnsmasq for"
+    echo "its DNS (counted in its RSS)."
+    echo
+    cat "$results/proxy.md"
+    echo
+    echo "## Forwarder vs socat (\`socat TCP-LISTEN:…,fork,reuseaddr TCP:…\`)"
+    echo
+    echo '```'
+    grep -vE '^(\s*(Compiling|Finished|Running)|warning:)' "$results/forwarder.txt" | tail -n 30
+    echo '```'
+    echo
+    echo "## Images and start-up"
+    echo
+    echo "- Router image ($image): $image_size"
+    echo
+    echo "$start"
+} >BENCHMARKS.md
+echo "wrote BENCHMARKS.md" >&2
