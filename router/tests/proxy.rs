@@ -32,6 +32,8 @@ fn uniq(tag: &str) -> String {
 
 /// A world: a namespace, DNS, PKI.
 struct World {
+    /// Where this test's log events begin.
+    mark: usize,
     ns: Netns,
     dns: TestDns,
     domain: String,
@@ -41,6 +43,7 @@ impl World {
     async fn new(tag: &str) -> World {
         capture_logs();
         World {
+            mark: log_mark(),
             ns: Netns::create(),
             dns: TestDns::start(300).await,
             domain: format!("{}.test", uniq(tag)),
@@ -136,7 +139,7 @@ async fn tls_allowed_end_to_end_and_logged() {
         w.dns.queries.lock().unwrap()
     );
     drop(tls);
-    let event = connection_event(local).await;
+    let event = connection_event(w.mark, local).await;
     assert_eq!(event["decision"], "allowed");
     assert_eq!(event["listener"], "tls");
     assert_eq!(event["name"], name.as_str());
@@ -431,7 +434,7 @@ async fn tls_refusals_never_reach_the_upstream() {
     for (what, bytes, alert, reason) in cases {
         let (local, answer) = raw_exchange(router.https, &bytes).await;
         assert_eq!(answer, alert, "{what}");
-        let (_, got) = refusal_from(local).await;
+        let (_, got) = refusal_from(w.mark, local).await;
         assert!(
             got.starts_with(&reason),
             "{what}: {got:?} does not start with {reason:?}"
@@ -575,7 +578,7 @@ async fn stalled_clients_are_closed_after_the_peek_timeout() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(4),
         "{took:?}"
     );
-    assert_eq!(refusal_from(local).await.1, "peek timeout");
+    assert_eq!(refusal_from(w.mark, local).await.1, "peek timeout");
     let start = Instant::now();
     let (local, answer) = raw_exchange(
         router.http,
@@ -584,7 +587,7 @@ async fn stalled_clients_are_closed_after_the_peek_timeout() {
     .await;
     assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 408 "));
     assert!(start.elapsed() < Duration::from_secs(4));
-    assert_eq!(refusal_from(local).await.1, "peek timeout");
+    assert_eq!(refusal_from(w.mark, local).await.1, "peek timeout");
     assert_eq!(accepts.get(), 0);
 
     // On a kept-alive connection, a later head that stalls half-way is cut off too.
@@ -606,6 +609,27 @@ async fn stalled_clients_are_closed_after_the_peek_timeout() {
         start.elapsed()
     );
     assert_eq!(http_accepts.get(), 1);
+
+    // An upstream that closes after its response: a client that then sits idle is closed, too.
+    let s = TcpStream::connect(router.http).await.unwrap();
+    let mut s = BufReader::new(s);
+    s.get_mut()
+        .write_all(format!("GET /close HTTP/1.1\r\nHost: {name}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    let start = Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("closed after the upstream went away")
+        .unwrap();
+    assert!(rest.is_empty());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 /// Sends one request on a fresh connection and reads one response.
@@ -692,7 +716,7 @@ async fn http_routing_and_refusals() {
         let (local, r) = http_once(router.http, &req).await;
         let (got, body) = r.unwrap_or_else(|| panic!("{what}: no response"));
         assert_eq!(got, status, "{what}: {body}");
-        let (_, logged) = refusal_from(local).await;
+        let (_, logged) = refusal_from(w.mark, local).await;
         assert!(
             logged.contains(reason),
             "{what}: {logged:?} lacks {reason:?}"
@@ -752,7 +776,7 @@ async fn http_keep_alive_host_switch_is_refused() {
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
     assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
-    let (name, reason) = refusal_from(local).await;
+    let (name, reason) = refusal_from(w.mark, local).await;
     assert_eq!(name, other);
     assert!(reason.contains("Host changed"), "{reason}");
     assert_eq!(accepts.get(), 1);
@@ -867,7 +891,7 @@ async fn host_port_entries() {
     assert_eq!(back.len(), data.len());
     assert!(back == data);
     assert_eq!(accepts.get(), 1);
-    let e = connection_event(local).await;
+    let e = connection_event(w.mark, local).await;
     assert_eq!(e["listener"], "forward");
     assert_eq!(e["bytes_up"].as_u64(), Some(1_000_000));
     assert_eq!(e["bytes_down"].as_u64(), Some(1_000_000));

@@ -482,8 +482,10 @@ impl Proxy {
                         None => shutdown_write(client),
                     }
                 }
-                () = tokio::time::sleep(self.peek_timeout), if matches!(requests_done, Some(RequestsEnd::Refused(_))) && !responses_done => {
-                    // The upstream keeps the connection open: give up on ordering, just close.
+                () = tokio::time::sleep(self.peek_timeout), if (matches!(requests_done, Some(RequestsEnd::Refused(_))) && !responses_done) || (responses_done && requests_done.is_none()) => {
+                    // Either the upstream keeps its side open after a refusal (give up on ordering),
+                    // or it has gone and the client keeps the connection idle: nothing more can be
+                    // answered on it, so it does not keep its slot.
                     return;
                 }
             }

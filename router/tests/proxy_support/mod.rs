@@ -587,6 +587,9 @@ async fn serve_http_conn(stream: TcpStream) {
         if w.write_all(resp.as_bytes()).await.is_err() {
             return;
         }
+        if target == "/close" {
+            return;
+        }
     }
 }
 
@@ -661,15 +664,30 @@ pub fn capture_logs() -> LogBuf {
     .clone()
 }
 
+/// A position in the captured log: events after it happened later.
+pub fn log_mark() -> usize {
+    capture_logs().0.lock().unwrap().len()
+}
+
 /// Every captured event whose message is `message`, as the "fields" objects.
 pub fn events(message: &str) -> Vec<serde_json::Value> {
+    events_since(0, message)
+}
+
+/// Every event after `mark` whose message is `message`, newest first.
+pub fn events_since(mark: usize, message: &str) -> Vec<serde_json::Value> {
     let buf = capture_logs();
-    let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
-    text.lines()
+    let bytes = buf.0.lock().unwrap();
+    let text = String::from_utf8_lossy(&bytes[mark.min(bytes.len())..]).into_owned();
+    drop(bytes);
+    let mut found: Vec<serde_json::Value> = text
+        .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v.get("fields").cloned())
         .filter(|f| f.get("message").and_then(|m| m.as_str()) == Some(message))
-        .collect()
+        .collect();
+    found.reverse();
+    found
 }
 
 /// Waits (up to 5 s) for a `refused` event whose name is `name` and returns its reason.
@@ -690,10 +708,12 @@ pub async fn refusal(name: &str) -> String {
 }
 
 /// Waits (up to 5 s) for a `refused` event from `client` and returns (name, reason).
-pub async fn refusal_from(client: SocketAddr) -> (String, String) {
+/// Only events after `since` (a [`log_mark`] taken before the connection) count: client ports are
+/// reused across the tests of this binary.
+pub async fn refusal_from(since: usize, client: SocketAddr) -> (String, String) {
     let want = client.to_string();
     for _ in 0..500 {
-        if let Some(e) = events("refused")
+        if let Some(e) = events_since(since, "refused")
             .into_iter()
             .find(|e| e.get("client").and_then(|n| n.as_str()) == Some(want.as_str()))
         {
@@ -711,10 +731,10 @@ pub async fn refusal_from(client: SocketAddr) -> (String, String) {
 }
 
 /// Waits (up to 5 s) for the `connection` event of `client`.
-pub async fn connection_event(client: SocketAddr) -> serde_json::Value {
+pub async fn connection_event(since: usize, client: SocketAddr) -> serde_json::Value {
     let want = client.to_string();
     for _ in 0..500 {
-        if let Some(e) = events("connection")
+        if let Some(e) = events_since(since, "connection")
             .into_iter()
             .find(|e| e.get("client").and_then(|n| n.as_str()) == Some(want.as_str()))
         {
