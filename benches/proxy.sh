@@ -93,6 +93,9 @@ error_log $work/nginx-px.err warn;
 load_module /usr/lib/nginx/modules/ngx_stream_module.so;
 events { worker_connections 8192; }
 stream {
+    # The router logs one line per connection; nginx logs one per session / request, like a real deployment.
+    log_format conn '\$remote_addr [\$time_local] \$ssl_preread_server_name \$upstream_addr \$status \$bytes_sent \$bytes_received \$session_time';
+    access_log $work/nginx-px-stream.log conn;
     map \$ssl_preread_server_name \$upstream {
         upstream.test 198.18.0.2:443;
         default 127.0.0.1:9;
@@ -104,7 +107,7 @@ stream {
     }
 }
 http {
-    access_log off;
+    access_log $work/nginx-px-http.log;
     upstream up80 { server 198.18.0.2:80; keepalive 64; }
     server {
         listen 127.0.2.1:80 backlog=4096;

@@ -90,9 +90,11 @@ impl DnsHandler {
         qclass: DNSClass,
         client: SocketAddr,
     ) -> Reply {
+        // Logged like the TLS and HTTP refusals: without the root's trailing dot, escaped.
+        let logged = asked.strip_suffix('.').unwrap_or(asked);
         if qclass != DNSClass::IN {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            info!(kind = "dns", name = %asked.escape_debug(), qtype = %qtype, class = %qclass,
+            info!(kind = "dns", name = %logged.escape_debug(), qtype = %qtype, class = %qclass,
                   client = %client, reason = "not class IN", "refused");
             return Reply::Error(ResponseCode::Refused);
         }
@@ -108,7 +110,7 @@ impl DnsHandler {
             }
             Err(refusal) => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                info!(kind = "dns", name = %asked.escape_debug(), qtype = %qtype,
+                info!(kind = "dns", name = %logged.escape_debug(), qtype = %qtype,
                       client = %client, reason = %refusal, "refused");
                 Reply::Error(ResponseCode::NXDomain)
             }
