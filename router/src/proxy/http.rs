@@ -73,6 +73,9 @@ pub enum HeadError {
     /// More than one Upgrade field.
     #[error("several Upgrade headers")]
     SeveralUpgrades,
+    /// An Upgrade to anything but WebSocket.
+    #[error("only WebSocket upgrades are supported")]
+    UnsupportedUpgrade,
 }
 
 impl HeadError {
@@ -268,17 +271,21 @@ pub fn parse_request_head<'b>(buf: &'b [u8]) -> Result<Option<RequestHead>, Head
         (None, None) => BodyLength::None,
     };
 
+    // Only WebSocket may switch protocols: after a 101 the router relays raw bytes, and a protocol that
+    // carries requests of its own (h2c, with an :authority per stream) would bypass the Host check.
     let upgrade = match upgrade {
         None => None,
         Some(v) => {
             let v = String::from_utf8_lossy(trim(v)).into_owned();
-            if v.split(',').any(|p| {
-                p.trim()
-                    .split('/')
-                    .next()
-                    .is_some_and(|t| t.eq_ignore_ascii_case("h2c"))
-            }) {
+            let protocols = || {
+                v.split(',')
+                    .map(|p| p.trim().split('/').next().unwrap_or(""))
+            };
+            if protocols().any(|t| t.eq_ignore_ascii_case("h2c")) {
                 return Err(HeadError::H2cUpgrade);
+            }
+            if !protocols().all(|t| t.eq_ignore_ascii_case("websocket")) {
+                return Err(HeadError::UnsupportedUpgrade);
             }
             Some(v)
         }
@@ -653,6 +660,9 @@ mod tests {
             ),
             ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n\r\n", HeadError::H2cUpgrade),
             ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: foo, H2C\r\n\r\n", HeadError::H2cUpgrade),
+            ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: HTTP/2.0\r\n\r\n", HeadError::UnsupportedUpgrade),
+            ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: TLS/1.2\r\n\r\n", HeadError::UnsupportedUpgrade),
+            ("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket, x\r\n\r\n", HeadError::UnsupportedUpgrade),
             ("GET / HTTP/1.1\r\nHost: a\r\nHTTP2-Settings: AAA\r\n\r\n", HeadError::H2cUpgrade),
             (
                 "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: a\r\nUpgrade: b\r\n\r\n",
