@@ -915,6 +915,7 @@ async fn hundreds_of_concurrent_connections_and_no_leaks() {
     let pki = Pki::new(&[&ok]);
     let tls_accepts = tls_upstream(w.ns.bind(443), Arc::clone(&pki.server));
     let fwd_accepts = echo_upstream(w.ns.bind(5432));
+    let http_accepts = http_upstream(w.ns.bind(80));
     let router = TestRouter::start(
         Settings {
             hosts: vec![ok.clone()],
@@ -968,6 +969,25 @@ async fn hundreds_of_concurrent_connections_and_no_leaks() {
     while let Some(r) = tls_set.join_next().await {
         r.unwrap();
     }
+    // HTTP too: allowed requests, and refusals (which linger briefly before closing).
+    let mut http_set = tokio::task::JoinSet::new();
+    for i in 0..200u32 {
+        let host = if i % 2 == 0 {
+            ok.clone()
+        } else {
+            format!("no{i}.invalid-test")
+        };
+        let addr = router.http;
+        http_set.spawn(async move {
+            let (_, r) =
+                http_once(addr, &format!("GET /{i} HTTP/1.1\r\nHost: {host}\r\n\r\n")).await;
+            let status = r.unwrap().0;
+            assert_eq!(status, if i % 2 == 0 { 200 } else { 403 });
+        });
+    }
+    while let Some(r) = http_set.join_next().await {
+        r.unwrap();
+    }
     drop(open);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -983,6 +1003,7 @@ async fn hundreds_of_concurrent_connections_and_no_leaks() {
     }
     assert_eq!(fwd_accepts.get(), 400);
     assert_eq!(tls_accepts.get(), 101);
+    assert_eq!(http_accepts.get(), 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
