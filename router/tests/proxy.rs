@@ -1283,3 +1283,36 @@ async fn out_of_descriptors_backs_off_then_recovers() {
     }
     eprintln!("recovered after {:?}", start.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolution_is_cached_for_the_record_ttl_only() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    capture_logs();
+    let ns = Netns::create();
+    let dns = TestDns::start(1).await;
+    let db = format!("db.{}.test", uniq("ttl"));
+    dns.set(&db, &[IpAddr::V4(ns.ns_ip)]);
+    let _accepts = echo_upstream(ns.bind(5432));
+    let router = TestRouter::start(
+        Settings {
+            forwards: vec![(db.clone(), 5432)],
+            ..Settings::default()
+        },
+        &dns,
+    )
+    .await;
+    let round_trip = || async {
+        let mut s = TcpStream::connect(router.forward(&db, 5432)).await.unwrap();
+        s.write_all(b"t").await.unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await.unwrap();
+    };
+    let a_queries = || dns.count_type(&db, hickory_proto::rr::RecordType::A);
+    round_trip().await;
+    round_trip().await;
+    assert_eq!(a_queries(), 1, "within the TTL the answer is reused");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    round_trip().await;
+    assert_eq!(a_queries(), 2, "after the TTL the name is resolved again");
+}
