@@ -1316,3 +1316,36 @@ async fn resolution_is_cached_for_the_record_ttl_only() {
     round_trip().await;
     assert_eq!(a_queries(), 2, "after the TTL the name is resolved again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_address_is_tried_when_one_refuses() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let w = World::new("next").await;
+    let down = Netns::create();
+    let db = w.name("db");
+    // The first address refuses (nothing listens there), the second serves.
+    w.dns
+        .set(&db, &[IpAddr::V4(down.ns_ip), IpAddr::V4(w.ns.ns_ip)]);
+    let accepts = echo_upstream(w.ns.bind(5432));
+    let router = TestRouter::start(
+        Settings {
+            forwards: vec![(db.clone(), 5432)],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    let mut s = TcpStream::connect(router.forward(&db, 5432)).await.unwrap();
+    let local = s.local_addr().unwrap();
+    s.write_all(b"n").await.unwrap();
+    let mut b = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(s);
+    assert_eq!(accepts.get(), 1);
+    let e = connection_event(w.mark, local).await;
+    assert_eq!(e["upstream"], format!("{}:5432", w.ns.ns_ip));
+}

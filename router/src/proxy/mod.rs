@@ -12,6 +12,13 @@
 //! connection ends with one INFO event `connection` with `client`, `listener`, `name`, `decision`,
 //! `upstream`, `bytes_up`, `bytes_down`, `duration_ms`.
 //!
+//! HTTP specifics: every request head on a kept-alive connection is parsed and must name the same host
+//! as the first (request boundaries are tracked through Content-Length and chunked bodies); responses
+//! are relayed raw. A WebSocket upgrade is honoured on the first request of a connection only — the
+//! router reads the upstream's answer to it, and only after a `101` does the client side go raw. Each
+//! client connection has its own upstream connection: pooling upstream connections across clients (as
+//! an nginx `keepalive` upstream does) would mix clients on one upstream stream.
+//!
 //! What this cannot see: on 443 the router reads only the ClientHello, so a client may send an allowed SNI
 //! and then, inside the encrypted stream, a Host header for another site served by the same upstream
 //! (domain fronting). Preventing that needs TLS interception, which this design deliberately avoids; the
