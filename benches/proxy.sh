@@ -40,6 +40,12 @@ ip link add "$veth" type veth peer name eth0 netns "$ns"
 ip addr add 198.18.0.1/30 dev "$veth"
 ip link set "$veth" up
 ip -n "$ns" addr add 198.18.0.2/30 dev eth0
+# One more upstream address per contender, so one contender's TIME_WAIT sockets toward the upstream
+# never exhaust the ports of the next.
+ip -n "$ns" addr add 198.18.0.5/32 dev eth0
+ip -n "$ns" addr add 198.18.0.6/32 dev eth0
+ip route add 198.18.0.5/32 dev "$veth"
+ip route add 198.18.0.6/32 dev "$veth"
 ip -n "$ns" link set eth0 up
 ip -n "$ns" link set lo up
 
@@ -61,8 +67,8 @@ http {
     sendfile on;
     keepalive_requests 1000000;
     server {
-        listen 198.18.0.2:80 backlog=4096;
-        listen 198.18.0.2:443 ssl backlog=4096;
+        listen 80 backlog=4096;
+        listen 443 ssl backlog=4096;
         ssl_certificate $work/cert.pem;
         ssl_certificate_key $work/key.pem;
         root $work/www;
@@ -72,9 +78,14 @@ EOF
 ip netns exec "$ns" nginx -c "$work/nginx-up.conf" -e "$work/nginx-up.err"
 
 # --- name service for upstream.test --------------------------------------------------------------
+# The router resolves upstream.test to 198.18.0.5, nginx to 198.18.0.6; clients going direct use .2.
 dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
     --listen-address=127.0.3.1 --port=5353 --user="$(id -un)" --pid-file= \
-    --address=/upstream.test/198.18.0.2 --address=/#/ 2>"$work/resolver.log" &
+    --local-ttl=300 --address=/upstream.test/198.18.0.5 --address=/#/ 2>"$work/resolver.log" &
+pids+=($!)
+dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
+    --listen-address=127.0.3.2 --port=5353 --user="$(id -un)" --pid-file= \
+    --local-ttl=300 --address=/upstream.test/198.18.0.6 --address=/#/ 2>"$work/resolver2.log" &
 pids+=($!)
 
 # --- the contenders ------------------------------------------------------------------------------
@@ -96,24 +107,27 @@ stream {
     # The router logs one line per connection; nginx logs one per session / request, like a real deployment.
     log_format conn '\$remote_addr [\$time_local] \$ssl_preread_server_name \$upstream_addr \$status \$bytes_sent \$bytes_received \$session_time';
     access_log $work/nginx-px-stream.log conn;
-    map \$ssl_preread_server_name \$upstream {
-        upstream.test 198.18.0.2:443;
+    # As in the design agent-sandbox replaces: the allowlisted name the client sent is resolved and
+    # dialled (dnsmasq answers the names), everything else goes nowhere.
+    resolver 127.0.3.2:5353 ipv6=off;
+    map \$ssl_preread_server_name \$allowed {
+        upstream.test \$ssl_preread_server_name:443;
         default 127.0.0.1:9;
     }
     server {
         listen 127.0.2.1:443 backlog=4096;
         ssl_preread on;
-        proxy_pass \$upstream;
+        proxy_pass \$allowed;
     }
 }
 http {
     access_log $work/nginx-px-http.log;
-    upstream up80 { server 198.18.0.2:80; keepalive 64; }
+    resolver 127.0.3.2:5353 ipv6=off;
     server {
         listen 127.0.2.1:80 backlog=4096;
         server_name upstream.test;
         location / {
-            proxy_pass http://up80;
+            proxy_pass http://\$host;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
@@ -163,7 +177,14 @@ for who in router nginx direct; do
     ip=${target[$who]}
     result[$who,https_keepalive]=$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)
     result[$who,https_new]=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    perf_pid=
+    if [ -n "${PROFILE:-}" ] && [ "$who" = router ]; then
+        # PROFILE=FILE: a perf profile of the router during its new-HTTP-connections run.
+        perf record -F 999 -g -p "$router_pid" -o "$PROFILE" -- sleep "$secs" >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     result[$who,http_new]=$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    [ -z "$perf_pid" ] || wait "$perf_pid" || true
     bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
     result[$who,bulk]=$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')
 done

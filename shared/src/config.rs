@@ -24,6 +24,13 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default TTL of DNS answers: short, so an allowlist change is seen quickly by long-lived clients.
 pub const DEFAULT_ANSWER_TTL: u32 = 10;
 
+/// The longest timeout accepted: an hour is already far beyond any handshake or connect.
+pub const MAX_TIMEOUT_SECS: u64 = 3600;
+/// The most connections the router may be told to handle at once.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+/// The longest TTL answered: a day (a short TTL is what lets a changed allowlist take effect).
+pub const MAX_ANSWER_TTL: u32 = 86_400;
+
 /// The largest configuration file read.
 const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -249,14 +256,31 @@ impl RouterConfig {
                 host_answers.insert(n, *addr);
             }
         }
-        if self.peek_timeout_secs == 0 {
-            problems.push("peek_timeout_secs must be at least 1".to_owned());
-        }
-        if self.connect_timeout_secs == 0 {
-            problems.push("connect_timeout_secs must be at least 1".to_owned());
-        }
-        if self.max_connections == 0 {
-            problems.push("max_connections must be at least 1".to_owned());
+        for (what, value, max) in [
+            (
+                "peek_timeout_secs",
+                self.peek_timeout_secs,
+                MAX_TIMEOUT_SECS,
+            ),
+            (
+                "connect_timeout_secs",
+                self.connect_timeout_secs,
+                MAX_TIMEOUT_SECS,
+            ),
+            (
+                "max_connections",
+                self.max_connections as u64,
+                MAX_CONNECTIONS as u64,
+            ),
+            (
+                "answers.ttl",
+                u64::from(self.answers.ttl),
+                u64::from(MAX_ANSWER_TTL),
+            ),
+        ] {
+            if value == 0 || value > max {
+                problems.push(format!("{what} is {value}; it must be between 1 and {max}"));
+            }
         }
         problems.extend(listener_conflicts(self));
         if !problems.is_empty() {
@@ -351,8 +375,12 @@ mod tests {
         c.subdomains.push("*.x.com".into());
         c.listen.http = Some("0.0.0.0:443".parse().unwrap());
         c.peek_timeout_secs = 0;
+        c.max_connections = usize::MAX;
+        c.connect_timeout_secs = u64::MAX;
         let err = c.validate().unwrap_err().to_string();
         for needle in [
+            "max_connections is",
+            "connect_timeout_secs is 18446744073709551615; it must be between 1 and 3600",
             "`1.2.3.4`",
             "`*.x.com`",
             "https and http would both listen on 10.0.0.2:443 / 0.0.0.0:443",

@@ -112,12 +112,20 @@ impl Proxy {
     pub fn new(config: &ValidConfig) -> anyhow::Result<Proxy> {
         raise_fd_limit();
         let raw = &config.raw;
+        let upstream = Upstream::new(
+            &raw.resolvers,
+            Duration::from_secs(raw.connect_timeout_secs.max(1)),
+        )?;
+        // The addresses DNS hands out are this router (or its forwarders) as far as clients know: a
+        // name resolving there upstream must not loop back into the router (behind NAT the answer
+        // address need not be on an interface).
+        upstream.add_own_address(raw.answers.default.into());
+        for a in raw.answers.hosts.values() {
+            upstream.add_own_address((*a).into());
+        }
         Ok(Proxy {
             policy: config.policy.clone(),
-            upstream: Upstream::new(
-                &raw.resolvers,
-                Duration::from_secs(raw.connect_timeout_secs.max(1)),
-            )?,
+            upstream,
             limit: Arc::new(Semaphore::new(raw.max_connections.max(1))),
             peek_timeout: Duration::from_secs(raw.peek_timeout_secs.max(1)),
         })

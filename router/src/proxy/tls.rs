@@ -13,6 +13,11 @@
 
 use tls_parser::TlsRecordType;
 
+/// `encrypted_client_hello` (RFC 9849 / draft-ietf-tls-esni).
+const EXT_ENCRYPTED_CLIENT_HELLO: u16 = 0xfe0d;
+/// The older `encrypted_server_name` (ESNI drafts).
+const EXT_ENCRYPTED_SERVER_NAME: u16 = 0xffce;
+
 /// The largest ClientHello handshake message accepted (header included). Hellos of ~20 KB exist
 /// (large post-quantum key shares); 64 KiB is the most a handshake message of this size field carries in
 /// practice and what TLS libraries accept.
@@ -61,6 +66,10 @@ pub enum HelloError {
     /// More than one `server_name` extension.
     #[error("several server_name extensions")]
     SeveralSniExtensions,
+    /// Encrypted Client Hello (or its ESNI draft): the SNI in clear would be a public name and the
+    /// real destination hidden inside, so the router cannot decide on the name the client means.
+    #[error("encrypted ClientHello (ECH/ESNI) hides the real server name")]
+    EncryptedHello,
 }
 
 impl HelloError {
@@ -76,7 +85,8 @@ impl HelloError {
             HelloError::NotTls
             | HelloError::NotClientHello
             | HelloError::TooLarge
-            | HelloError::Malformed(_) => AlertDescription::AccessDenied,
+            | HelloError::Malformed(_)
+            | HelloError::EncryptedHello => AlertDescription::AccessDenied,
         }
     }
 }
@@ -231,7 +241,13 @@ pub fn sni_from_client_hello(body: &[u8]) -> Result<Vec<u8>, HelloError> {
         let data = exts
             .get(4..4 + len)
             .ok_or(HelloError::Malformed("truncated extension"))?;
-        if u16::from_be_bytes([t0, t1]) == EXT_SERVER_NAME {
+        let ext = u16::from_be_bytes([t0, t1]);
+        // Refused even when it might be GREASE: a fake ECH extension and a real one look alike on the
+        // wire, and forwarding a real one would let an allowlisted front carry any inner name.
+        if ext == EXT_ENCRYPTED_CLIENT_HELLO || ext == EXT_ENCRYPTED_SERVER_NAME {
+            return Err(HelloError::EncryptedHello);
+        }
+        if ext == EXT_SERVER_NAME {
             if sni.is_some() {
                 return Err(HelloError::SeveralSniExtensions);
             }
@@ -502,6 +518,25 @@ mod tests {
         ];
         for (what, bytes, want) in cases {
             assert_eq!(run(&bytes), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn encrypted_hellos_are_refused_before_or_after_the_sni() {
+        for ext_type in [0xfe0d_u16, 0xffce] {
+            let ech = extension(
+                ext_type,
+                b"\x00\x00\x01\x00\x01\x2a\x00\x20INNER-SNI=evil.example",
+            );
+            let sni = sni_extension(&[b"allowed.example"]);
+            for exts in [[&ech[..], &sni[..]].concat(), [&sni[..], &ech[..]].concat()] {
+                let got = run(&records(&client_hello(Some(&exts)), 16 * 1024));
+                assert_eq!(got, Err(HelloError::EncryptedHello), "{ext_type:#x}");
+                assert_eq!(
+                    HelloError::EncryptedHello.alert(),
+                    AlertDescription::AccessDenied
+                );
+            }
         }
     }
 

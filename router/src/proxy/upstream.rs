@@ -96,12 +96,32 @@ pub fn forbidden_reason(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static st
             } else if seg[..6] == [0; 6] {
                 // IPv4-compatible (deprecated): routes nowhere legitimate, and ::127.0.0.1 is a trick.
                 Some("IPv4-compatible IPv6")
+            } else if v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) {
+                Some("cloud metadata service (fd00:ec2::254)")
+            } else if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..3] == [0x64, 0xff9b, 1] {
+                // NAT64 (64:ff9b::/96, 64:ff9b:1::/48): a translator on the path turns the embedded IPv4
+                // address into a real destination, so that address is judged as if dialled directly.
+                let o = v6.octets();
+                let inner = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+                if own.contains(&IpAddr::V4(inner)) {
+                    Some("NAT64 form of one of the router's own addresses")
+                } else {
+                    forbidden_v4(inner).map(|_| "NAT64 form of a forbidden IPv4 address")
+                }
             } else {
                 None
             }
         }
     }
 }
+
+/// Metadata endpoints outside link-local: Alibaba (100.100.100.200), Azure WireServer (168.63.129.16),
+/// Oracle Cloud (192.0.0.192).
+const CLOUD_METADATA_V4: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(100, 100, 100, 200),
+    Ipv4Addr::new(168, 63, 129, 16),
+    Ipv4Addr::new(192, 0, 0, 192),
+];
 
 fn forbidden_v4(v4: Ipv4Addr) -> Option<&'static str> {
     let o = v4.octets();
@@ -117,6 +137,10 @@ fn forbidden_v4(v4: Ipv4Addr) -> Option<&'static str> {
         Some("broadcast")
     } else if o[0] >= 240 {
         Some("reserved (240.0.0.0/4)")
+    } else if CLOUD_METADATA_V4.contains(&v4) {
+        // Instance metadata and platform services hand out credentials; link-local ones are covered
+        // above, these live in ranges that otherwise stay allowed (private, CGNAT, special-purpose).
+        Some("cloud metadata service")
     } else {
         None
     }
@@ -419,6 +443,15 @@ mod tests {
             "::127.0.0.1",
             "10.88.0.5",
             "::ffff:10.88.0.5",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::7f00:1",
+            "64:ff9b::a58:5",
+            "100.100.100.200",
+            "168.63.129.16",
+            "192.0.0.192",
+            "::ffff:100.100.100.200",
+            "fd00:ec2::254",
         ];
         for a in forbidden {
             let ip: IpAddr = a.parse().unwrap();
@@ -435,7 +468,8 @@ mod tests {
             "fd00::1",
             "fec0::1",
             "::ffff:10.0.0.1",
-            "64:ff9b::7f00:1",
+            "64:ff9b::a00:1",
+            "100.100.100.201",
         ];
         for a in allowed {
             let ip: IpAddr = a.parse().unwrap();
