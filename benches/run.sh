@@ -78,8 +78,10 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo "## TLS and HTTP: router vs nginx vs direct (${secs} s each)"
     echo
     echo "Upstream: nginx in a network namespace over a veth pair. nginx as the proxy: stream"
-    echo "\`ssl_preread\` on 443, Host-routing \`proxy_pass\` with upstream keep-alive on 80, plus dnsmasq for"
-    echo "its DNS (counted in its RSS)."
+    echo "\`ssl_preread\` on 443 and Host-routing \`proxy_pass http://\$host\` on 80, both dialling the name the"
+    echo "client sent through a resolver (the design agent-sandbox replaces), access logs on like the router's"
+    echo "connection log, plus dnsmasq for the sandbox's DNS (counted in its RSS). Each contender reaches the"
+    echo "upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next."
     echo
     cat "$results/proxy.md"
     echo
