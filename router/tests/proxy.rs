@@ -709,7 +709,7 @@ async fn http_routing_and_refusals() {
             400,
             "both Transfer-Encoding",
         ),
-        ("nul in host", format!("GET / HTTP/1.1\r\nHost: a\0{ok}\r\n\r\n"), 400, "malformed"),
+        ("nul in host", format!("GET / HTTP/1.1\r\nHost: a\0{ok}\r\n\r\n"), 400, "control or non-ASCII"),
         ("at in host", format!("GET / HTTP/1.1\r\nHost: x@{ok}\r\n\r\n"), 400, "invalid name"),
     ];
     for (what, req, status, reason) in refused {
@@ -836,16 +836,11 @@ async fn http_large_post_and_upgrade() {
     );
     drop(s);
 
-    // WebSocket-style upgrade on a fresh connection: after the 101, raw bytes both ways.
+    // WebSocket upgrade on a fresh connection: after the 101, raw bytes both ways.
     let mut s = TcpStream::connect(router.http).await.unwrap();
-    s.write_all(
-        format!(
-            "GET /ws HTTP/1.1\r\nHost: {ok}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
+    s.write_all(websocket_request(&ok, "/ws").as_bytes())
+        .await
+        .unwrap();
     let mut br = BufReader::new(&mut s);
     let mut status = String::new();
     br.read_line(&mut status).await.unwrap();
@@ -863,6 +858,366 @@ async fn http_large_post_and_upgrade() {
     let mut echoed = vec![0u8; smuggled.len()];
     br.read_exact(&mut echoed).await.unwrap();
     assert_eq!(&echoed, smuggled);
+}
+
+/// A world with one allowed name served by [`http_upstream`], and a router for it.
+async fn http_world(tag: &str) -> (World, String, Accepts, TestRouter) {
+    let w = World::new(tag).await;
+    let ok = w.name("ok");
+    w.point(&ok);
+    let accepts = http_upstream(w.ns.bind(80));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![ok.clone()],
+            ..Settings::default()
+        },
+        &w.dns,
+    )
+    .await;
+    (w, ok, accepts, router)
+}
+
+/// Sends `bytes` on a fresh connection; returns the first response and whatever follows it until the
+/// router closes.
+async fn http_exchange(
+    router: SocketAddr,
+    bytes: &[u8],
+) -> (SocketAddr, Option<(u16, String)>, Vec<u8>) {
+    let s = TcpStream::connect(router).await.unwrap();
+    let local = s.local_addr().unwrap();
+    let mut s = BufReader::new(s);
+    s.get_mut().write_all(bytes).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s))
+        .await
+        .expect("a response in time");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    (local, r, rest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_websocket_upgrade_requests_are_validated() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let (w, ok, accepts, router) = http_world("wsreq").await;
+    let good = websocket_request(&ok, "/ws");
+    let key = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "bare Upgrade",
+            format!("GET /ws HTTP/1.1\r\nHost: {ok}\r\nUpgrade: websocket\r\n\r\n"),
+        ),
+        ("no key", good.replace(key, "")),
+        (
+            "short key",
+            good.replace("dGhlIHNhbXBsZSBub25jZQ==", "dGhlIHNhbXBsZQ=="),
+        ),
+        (
+            "key not base64",
+            good.replace("dGhlIHNhbXBsZSBub25jZQ==", "not-a-websocket-key-at-all"),
+        ),
+        ("version 8", good.replace("Version: 13", "Version: 8")),
+        (
+            "no version",
+            good.replace("Sec-WebSocket-Version: 13\r\n", ""),
+        ),
+        (
+            "no Connection: upgrade",
+            good.replace("Connection: Upgrade", "Connection: keep-alive"),
+        ),
+        ("POST", good.replace("GET /ws", "POST /ws")),
+        (
+            "body",
+            good.replace("\r\n\r\n", "\r\nContent-Length: 4\r\n\r\nabcd"),
+        ),
+        (
+            "chunked body",
+            good.replace(
+                "\r\n\r\n",
+                "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            ),
+        ),
+    ];
+    for (what, req) in cases {
+        let smuggled = format!("{req}GET / HTTP/1.1\r\nHost: elsewhere.invalid\r\n\r\n");
+        let (local, r, rest) = http_exchange(router.http, smuggled.as_bytes()).await;
+        let (status, body) = r.unwrap_or_else(|| panic!("{what}: no response"));
+        assert_eq!(status, 400, "{what}: {body}");
+        assert!(
+            rest.is_empty(),
+            "{what}: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        let (_, reason) = refusal_from(w.mark, local).await;
+        assert!(reason.contains("WebSocket"), "{what}: {reason}");
+    }
+    assert_eq!(accepts.get(), 0, "a refused upgrade reached the upstream");
+
+    // The genuine handshake still switches, and the 101 carries the accept for its key.
+    let mut s = TcpStream::connect(router.http).await.unwrap();
+    s.write_all(good.as_bytes()).await.unwrap();
+    let mut br = BufReader::new(&mut s);
+    let mut head = String::new();
+    loop {
+        let mut l = String::new();
+        br.read_line(&mut l).await.unwrap();
+        head.push_str(&l);
+        if l == "\r\n" {
+            break;
+        }
+    }
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.contains(&format!(
+        "Sec-WebSocket-Accept: {}\r\n",
+        websocket_accept("dGhlIHNhbXBsZSBub25jZQ==")
+    )));
+    br.get_mut().write_all(b"frames").await.unwrap();
+    let mut echoed = [0u8; 6];
+    br.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, b"frames");
+    assert_eq!(accepts.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_websocket_switch_needs_a_genuine_101() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let (_w, ok, accepts, router) = http_world("ws101").await;
+    // The upstream answers 101 but not as RFC 6455 requires: the router must not go raw, so the
+    // request that follows (for another host) is never relayed; the client gets a 502 and a close.
+    for path in ["/ws-noaccept", "/ws-badaccept", "/ws-other"] {
+        let before = accepts.get();
+        let req = format!(
+            "{}GET / HTTP/1.1\r\nHost: elsewhere.invalid\r\n\r\n",
+            websocket_request(&ok, path)
+        );
+        let (_, r, rest) = http_exchange(router.http, req.as_bytes()).await;
+        let (status, body) = r.unwrap_or_else(|| panic!("{path}: no response"));
+        assert_eq!(status, 502, "{path}: {body}");
+        assert!(body.contains("Sec-WebSocket-Accept"), "{path}: {body}");
+        assert!(
+            rest.is_empty(),
+            "{path}: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        assert_eq!(accepts.get(), before + 1);
+    }
+
+    // A valid handshake answered without a switch (here a 200): the answer is relayed, but nothing
+    // more is forwarded on that connection.
+    let req = format!(
+        "{}GET /second HTTP/1.1\r\nHost: {ok}\r\n\r\n",
+        websocket_request(&ok, "/plain")
+    );
+    let (_, r, rest) = http_exchange(router.http, req.as_bytes()).await;
+    assert_eq!(
+        r.unwrap(),
+        (200, format!("host={ok} path=/plain len=0 sum=0"))
+    );
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_request_head_hygiene() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let (w, ok, accepts, router) = http_world("hyg").await;
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "bare LF",
+            format!("GET / HTTP/1.1\nHost: {ok}\n\n").into_bytes(),
+            "bare LF",
+        ),
+        (
+            "bare LF in one line",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\nX: y\r\n\r\n").into_bytes(),
+            "bare LF",
+        ),
+        (
+            "control byte",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nX: a\x1bb\r\n\r\n").into_bytes(),
+            "control or non-ASCII",
+        ),
+        (
+            "DEL",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nX: a\x7f\r\n\r\n").into_bytes(),
+            "control or non-ASCII",
+        ),
+        (
+            "high byte",
+            [
+                format!("GET / HTTP/1.1\r\nHost: {ok}\r\nX: a").as_bytes(),
+                &[0xff, 0x80],
+                b"\r\n\r\n",
+            ]
+            .concat(),
+            "control or non-ASCII",
+        ),
+        (
+            "nul in host",
+            format!("GET / HTTP/1.1\r\nHost: a\0{ok}\r\n\r\n").into_bytes(),
+            "control or non-ASCII",
+        ),
+        (
+            "obs-fold",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nX: a\r\n b\r\n\r\n").into_bytes(),
+            "obsolete line folding",
+        ),
+        (
+            "X-Forwarded-Host",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nX-Forwarded-Host: evil.invalid\r\n\r\n")
+                .into_bytes(),
+            "X-Forwarded-Host",
+        ),
+        (
+            "X-Host",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nx-host: evil.invalid\r\n\r\n").into_bytes(),
+            "X-Host",
+        ),
+        (
+            "X-Original-Host",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nX-Original-Host: evil.invalid\r\n\r\n")
+                .into_bytes(),
+            "X-Original-Host",
+        ),
+        (
+            "Forwarded",
+            format!("GET / HTTP/1.1\r\nHost: {ok}\r\nForwarded: host=evil.invalid\r\n\r\n")
+                .into_bytes(),
+            "Forwarded",
+        ),
+    ];
+    for (what, req, reason) in &cases {
+        let (local, r, rest) = http_exchange(router.http, req).await;
+        let (status, body) = r.unwrap_or_else(|| panic!("{what}: no response"));
+        assert_eq!(status, 400, "{what}: {body}");
+        assert!(rest.is_empty(), "{what}");
+        let (_, logged) = refusal_from(w.mark, local).await;
+        assert!(
+            logged.contains(reason),
+            "{what}: {logged:?} lacks {reason:?}"
+        );
+    }
+    assert_eq!(accepts.get(), 0, "a refused head reached the upstream");
+
+    // On a kept-alive connection: the first request is answered, the offending one refused in order,
+    // the one after it never forwarded.
+    for (what, req, _) in &cases {
+        let before = accepts.get();
+        let mut all = format!("GET /1 HTTP/1.1\r\nHost: {ok}\r\n\r\n").into_bytes();
+        all.extend_from_slice(req);
+        all.extend_from_slice(format!("GET /3 HTTP/1.1\r\nHost: {ok}\r\n\r\n").as_bytes());
+        let s = TcpStream::connect(router.http).await.unwrap();
+        let mut s = BufReader::new(s);
+        s.get_mut().write_all(&all).await.unwrap();
+        let first = read_response(&mut s).await;
+        assert_eq!(
+            first,
+            Some((200, format!("host={ok} path=/1 len=0 sum=0"))),
+            "{what}"
+        );
+        let (status, body) = read_response(&mut s)
+            .await
+            .unwrap_or_else(|| panic!("{what}: no refusal"));
+        assert_eq!(status, 400, "{what}: {body}");
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(
+            rest.is_empty(),
+            "{what}: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        assert_eq!(accepts.get(), before + 1);
+    }
+
+    // Chunked framing with a bare LF is refused too (and nothing after it is forwarded).
+    let req = format!(
+        "POST /c HTTP/1.1\r\nHost: {ok}\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\nGET /x HTTP/1.1\r\nHost: {ok}\r\n\r\n"
+    );
+    let (local, r, rest) = http_exchange(router.http, req.as_bytes()).await;
+    assert_eq!(r.map(|r| r.0), Some(400));
+    assert!(rest.is_empty());
+    let (_, logged) = refusal_from(w.mark, local).await;
+    assert!(logged.contains("chunk size"), "{logged}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_absolute_form_targets_are_strict() {
+    require_netns!();
+    let _g = FD_LOCK.read().await;
+    let (w, ok, accepts, router) = http_world("abs").await;
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "port 8080",
+            format!("GET http://{ok}:8080/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "port other than 80",
+        ),
+        (
+            "port 443",
+            format!("GET http://{ok}:443/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "port other than 80",
+        ),
+        (
+            "empty port",
+            format!("GET http://{ok}:/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "port other than 80",
+        ),
+        (
+            "userinfo",
+            format!("GET http://evil.invalid@{ok}/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "malformed request target",
+        ),
+        (
+            "fragment before path",
+            format!("GET http://{ok}#@evil.invalid/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "malformed request target",
+        ),
+        (
+            "fragment",
+            format!("GET http://{ok}/#x HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "malformed request target",
+        ),
+        (
+            "backslash",
+            format!("GET http://{ok}\\@evil.invalid/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "malformed request target",
+        ),
+        (
+            "other host",
+            format!("GET http://evil.invalid/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+            "the request target names",
+        ),
+    ];
+    for (what, req, reason) in &cases {
+        let (local, r) = http_once(router.http, req).await;
+        let (status, body) = r.unwrap_or_else(|| panic!("{what}: no response"));
+        assert_eq!(status, 400, "{what}: {body}");
+        let (_, logged) = refusal_from(w.mark, local).await;
+        assert!(
+            logged.contains(reason),
+            "{what}: {logged:?} lacks {reason:?}"
+        );
+    }
+    assert_eq!(accepts.get(), 0, "a refused target reached the upstream");
+    let (_, r) = http_once(
+        router.http,
+        &format!("GET http://{ok}:80/p HTTP/1.1\r\nHost: {ok}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(
+        r.unwrap(),
+        (200, format!("host={ok} path=http://{ok}:80/p len=0 sum=0"))
+    );
+
+    // Later on a kept-alive connection: refused in order, after the first answer.
+    let req = format!(
+        "GET /1 HTTP/1.1\r\nHost: {ok}\r\n\r\nGET http://{ok}:8080/ HTTP/1.1\r\nHost: {ok}\r\n\r\n"
+    );
+    let s = TcpStream::connect(router.http).await.unwrap();
+    let mut s = BufReader::new(s);
+    s.get_mut().write_all(req.as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut s).await.map(|r| r.0), Some(200));
+    assert_eq!(read_response(&mut s).await.map(|r| r.0), Some(400));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,8 +14,11 @@
 //!
 //! HTTP specifics: every request head on a kept-alive connection is parsed and must name the same host
 //! as the first (request boundaries are tracked through Content-Length and chunked bodies); responses
-//! are relayed raw. A WebSocket upgrade is honoured on the first request of a connection only — the
-//! router reads the upstream's answer to it, and only after a `101` does the client side go raw. Each
+//! are relayed raw. A WebSocket upgrade is honoured on the first request of a connection only, and only
+//! for a complete RFC 6455 opening handshake (see [`http`]) — the router reads the upstream's answer to
+//! it, and only after a `101` with `Upgrade: websocket` and the `Sec-WebSocket-Accept` for the request's
+//! key does the client side go raw. Any other `101` gets the client a `502` and ends the connection; any
+//! other final answer is relayed, and nothing more is forwarded on that connection. Each
 //! client connection has its own upstream connection: pooling upstream connections across clients (as
 //! an nginx `keepalive` upstream does) would mix clients on one upstream stream.
 //!
@@ -463,10 +466,10 @@ impl Proxy {
         name: &HostName,
         log: &ConnLog,
     ) {
-        let first_is_upgrade = head.upgrade.is_some();
+        let websocket_accept = head.websocket_accept.clone();
         let (upgraded_tx, upgraded_rx) = oneshot::channel();
         let requests = self.http_requests(client, upstream, buf, head, name, log, upgraded_rx);
-        let responses = http_responses(upstream, client, first_is_upgrade, upgraded_tx, log);
+        let responses = http_responses(upstream, client, websocket_accept, upgraded_tx, name, log);
         tokio::pin!(requests, responses);
         let mut requests_done = None;
         let mut responses_done = false;
@@ -594,16 +597,19 @@ impl Proxy {
             }
             if index == 0 && head.upgrade.is_some() {
                 // Hold everything else until the upstream has answered the upgrade.
-                if (&mut upgraded).await.unwrap_or(false) {
-                    if write_all(upstream, &buf).await.is_err() {
-                        return RequestsEnd::Failed;
-                    }
-                    log.up(buf.len() as u64);
-                    return match relay::pump(client, upstream, &log.bytes_up).await {
-                        Ok(_) => RequestsEnd::ClientDone,
-                        Err(_) => RequestsEnd::Failed,
-                    };
+                if !(&mut upgraded).await.unwrap_or(false) {
+                    // No switch: the upstream's answer is relayed, but nothing more is sent on this
+                    // connection, since whether the upstream still reads HTTP on it is unknowable.
+                    return RequestsEnd::ClientDone;
                 }
+                if write_all(upstream, &buf).await.is_err() {
+                    return RequestsEnd::Failed;
+                }
+                log.up(buf.len() as u64);
+                return match relay::pump(client, upstream, &log.bytes_up).await {
+                    Ok(_) => RequestsEnd::ClientDone,
+                    Err(_) => RequestsEnd::Failed,
+                };
             }
             index += 1;
             if buf.is_empty() {
@@ -650,16 +656,19 @@ enum RequestsEnd {
     Refused(Vec<u8>),
 }
 
-/// Upstream → client: raw, except that after an upgrade request (only ever the first) the response
-/// heads are read until the final one, to learn whether the protocol switched.
+/// Upstream → client: raw, except that after an upgrade request (only ever the first; `websocket_accept`
+/// is the `Sec-WebSocket-Accept` it calls for) the response heads are read until the final one, to learn
+/// whether the protocol switched. A `101` that is not a genuine WebSocket switch gets the client a `502`
+/// and ends the connection: the upstream may have switched to a protocol the router cannot follow.
 async fn http_responses(
     upstream: &TcpStream,
     client: &TcpStream,
-    first_is_upgrade: bool,
+    websocket_accept: Option<String>,
     upgraded: oneshot::Sender<bool>,
+    name: &HostName,
     log: &ConnLog,
 ) -> std::io::Result<()> {
-    if first_is_upgrade {
+    if let Some(accept) = websocket_accept {
         let mut buf = Vec::new();
         let switched = loop {
             match http::parse_response_head(&buf) {
@@ -668,7 +677,18 @@ async fn http_responses(
                         break false;
                     }
                 }
-                Ok(Some(h)) if h.code == 101 => break true,
+                Ok(Some(h)) if h.accepts_websocket(&accept) => break true,
+                Ok(Some(h)) if h.code == 101 => {
+                    let reason = "the upstream's 101 lacks Upgrade: websocket or the expected Sec-WebSocket-Accept";
+                    warn!(kind = log.kind.as_str(), name = %name, reason, client = %log.client, "invalid upgrade");
+                    log.set_decision("upstream-error");
+                    let text =
+                        format!("agent-sandbox: {name}: {reason}; the connection is closed.\n");
+                    let _ = write_all(client, &http::response(Status::BadGateway, &text)).await;
+                    shutdown_write(client);
+                    linger(client).await;
+                    return Err(std::io::Error::other("invalid WebSocket switch"));
+                }
                 Ok(Some(h)) if (100..200).contains(&h.code) => {
                     write_all(client, &buf[..h.len]).await?;
                     log.down(h.len as u64);

@@ -475,8 +475,10 @@ pub fn echo_upstream(listener: TcpListener) -> Accepts {
 }
 
 /// An HTTP/1.1 upstream with keep-alive. Every response body is
-/// `host=<Host> path=<target> len=<body bytes> sum=<byte sum>`. `GET /ws` with `Upgrade` gets a
-/// `101` and then raw echo.
+/// `host=<Host> path=<target> len=<body bytes> sum=<byte sum>`. A request with `Upgrade` for `/ws`
+/// gets a genuine WebSocket `101` (the RFC 6455 `Sec-WebSocket-Accept` for its key) and then raw echo;
+/// `/ws-noaccept`, `/ws-badaccept` and `/ws-other` get a `101` without the accept, with a wrong one,
+/// or switching to another protocol, then raw echo too (what a misbehaving or hostile upstream does).
 pub fn http_upstream(listener: TcpListener) -> Accepts {
     let accepts = Accepts::default();
     let count = accepts.clone();
@@ -521,6 +523,7 @@ async fn serve_http_conn(stream: TcpStream) {
         let mut length = 0usize;
         let mut chunked = false;
         let mut upgrade = false;
+        let mut ws_key = String::new();
         for l in lines {
             if let Some((k, v)) = l.split_once(':') {
                 let v = v.trim();
@@ -529,6 +532,7 @@ async fn serve_http_conn(stream: TcpStream) {
                     "content-length" => length = v.parse().unwrap_or(0),
                     "transfer-encoding" => chunked = v.eq_ignore_ascii_case("chunked"),
                     "upgrade" => upgrade = true,
+                    "sec-websocket-key" => ws_key = v.to_owned(),
                     _ => {}
                 }
             }
@@ -570,9 +574,30 @@ async fn serve_http_conn(stream: TcpStream) {
                 left -= n;
             }
         }
-        if upgrade && target == "/ws" {
+        let switch = match target.as_str() {
+            "/ws" => Some(format!(
+                "Upgrade: websocket\r\nSec-WebSocket-Accept: {}\r\n",
+                websocket_accept(&ws_key)
+            )),
+            "/ws-noaccept" => Some("Upgrade: websocket\r\n".to_owned()),
+            "/ws-badaccept" => Some(format!(
+                "Upgrade: websocket\r\nSec-WebSocket-Accept: {}\r\n",
+                websocket_accept("AAAAAAAAAAAAAAAAAAAAAA==")
+            )),
+            "/ws-other" => Some(format!(
+                "Upgrade: h2c\r\nSec-WebSocket-Accept: {}\r\n",
+                websocket_accept(&ws_key)
+            )),
+            _ => None,
+        };
+        if let (true, Some(fields)) = (upgrade, switch) {
             let _ = w
-                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                .write_all(
+                    format!(
+                        "HTTP/1.1 101 Switching Protocols\r\n{fields}Connection: Upgrade\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
                 .await;
             let mut r = r;
             let _ = tokio::io::copy(&mut r, &mut w).await;
@@ -591,6 +616,23 @@ async fn serve_http_conn(stream: TcpStream) {
             return;
         }
     }
+}
+
+/// RFC 6455's `Sec-WebSocket-Accept` for a key, computed here independently of the router.
+pub fn websocket_accept(key: &str) -> String {
+    use base64::Engine as _;
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(key.as_bytes());
+    sha.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes())
+}
+
+/// A valid WebSocket opening handshake for `path` on `host` (RFC 6455's example key).
+pub fn websocket_request(host: &str, path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
 }
 
 /// Reads one HTTP response with a Content-Length body: (status, body).
