@@ -33,6 +33,18 @@ pub const ROUTER_CONFIG_PATH: &str = "/etc/agent-sandbox/router.toml";
 /// The forwarder's path inside the router image (it runs from that image with `--entrypoint`).
 pub const FORWARDER_PATH: &str = "/agent-sandbox-forwarder";
 
+/// Keeps the host's environment out of a container: podman copies the host's proxy variables
+/// (`http_proxy` and friends, credentials included) into every container unless told not to, and
+/// `--env-host` would copy all of it.
+pub const NO_HOST_ENV: &[&str] = &["--http-proxy=false", "--env-host=false"];
+
+/// Sysctls of the pod's network namespace: no IPv6 at all, so no link-local path to the session
+/// network's bridge or anything else exists beside the router (the session network is IPv4 only).
+pub const NO_IPV6: &[&str] = &[
+    "net.ipv6.conf.all.disable_ipv6=1",
+    "net.ipv6.conf.default.disable_ipv6=1",
+];
+
 /// Seconds podman waits after SIGTERM before SIGKILL when a session's objects are removed. The router
 /// and the forwarder exit at once on SIGTERM; the sandboxed command gets a moment to save its state.
 pub const STOP_TIMEOUT_SECS: u32 = 3;
@@ -322,6 +334,7 @@ pub mod args {
                 format!("{}:ip={}", spec.session_network, spec.session_ip),
             )
             .opt("--network", &spec.egress_network)
+            .args(NO_HOST_ENV)
             .arg("--read-only")
             .opt("--cap-drop", "ALL")
             .opt("--sysctl", "net.ipv4.ip_unprivileged_port_start=53")
@@ -336,8 +349,9 @@ pub mod args {
             .done()
     }
 
-    /// The pod: its only network is the session network, its only resolver the router, and its hosts
-    /// file is not generated from the host's (the sandbox mounts a localhost-only one).
+    /// The pod: its only network is the session network, its only resolver the router, its hosts file
+    /// is not generated from the host's (the sandbox mounts a localhost-only one), and IPv6 is disabled
+    /// in its network namespace.
     #[must_use]
     pub fn pod_create(spec: &PodSpec) -> Vec<OsString> {
         let mut a = Argv::new(&["pod", "create"]);
@@ -345,7 +359,8 @@ pub mod args {
             .labels(&spec.labels)
             .opt("--network", &spec.network)
             .opt("--dns", spec.dns.to_string())
-            .arg("--no-hosts");
+            .arg("--no-hosts")
+            .args(NO_IPV6.iter().flat_map(|s| ["--sysctl", *s]));
         // A user namespace cannot be set per container in a pod: keep-id goes on the pod.
         if spec.user == UserMapping::KeepId {
             a.arg("--userns=keep-id");
@@ -362,6 +377,7 @@ pub mod args {
             .opt("--pod", &spec.pod)
             .labels(&spec.labels)
             .arg("--pull=never")
+            .args(NO_HOST_ENV)
             .arg("--read-only")
             .opt("--cap-drop", "ALL")
             .opt("--cap-add", "NET_BIND_SERVICE")
@@ -373,7 +389,7 @@ pub mod args {
             .done()
     }
 
-    /// The sandbox: the project at its own path (read-write, no relabelling), the home volume, the
+    /// The sandbox: the project at its own path (read-write, not recursive, no relabelling), the home volume, the
     /// session's hosts and resolv.conf read-only, every capability dropped, no new privileges.
     ///
     /// `unmask=/proc/*` lets nested podman mount /proc for its containers (the kernel refuses a new proc
@@ -400,6 +416,7 @@ pub mod args {
             a.opt("--passwd-entry", entry);
         }
         a.arg("--pull=never")
+            .args(NO_HOST_ENV)
             .arg("--init")
             .opt("--cap-drop", "ALL")
             .opt("--security-opt", "no-new-privileges")
@@ -410,7 +427,9 @@ pub mod args {
         let home_opts = if spec.chown_home { ":U" } else { "" };
         let mut home_env = OsString::from("HOME=");
         home_env.push(spec.home.as_os_str());
-        a.opt("--volume", mount(&spec.project, &spec.project, ""))
+        // `:bind`, not podman's default `rbind`: mounts below the project on the host (a USB disk, an
+        // sshfs, a bind of ~/.ssh) are not carried into the sandbox.
+        a.opt("--volume", mount(&spec.project, &spec.project, ":bind"))
             .opt("--workdir", &spec.project)
             .opt(
                 "--volume",
@@ -768,6 +787,38 @@ mod tests {
     }
 
     #[test]
+    fn no_host_environment_or_proxy_reaches_any_container() {
+        let router = strs(&router_run(&router()));
+        let forwarder = strs(&forwarder_run(&ForwarderSpec {
+            name: "f".into(),
+            labels: labels(),
+            pod: "p".into(),
+            image: "i".into(),
+            relays: vec![],
+        }));
+        let rootless = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        let rootful = strs(&sandbox_run(&sandbox(UserMapping::Host {
+            uid: 1000,
+            gid: 1000,
+        })));
+        for argv in [router, forwarder, rootless, rootful] {
+            for flag in ["--http-proxy=false", "--env-host=false"] {
+                assert_eq!(count(&argv, flag), 1, "{flag} in {argv:?}");
+            }
+            // Options, so before the image.
+            let image = argv
+                .iter()
+                .position(|s| s == "i" || s.starts_with("localhost/"))
+                .unwrap();
+            let flag = argv.iter().position(|s| s == "--http-proxy=false").unwrap();
+            assert!(flag < image, "{argv:?}");
+            assert!(!argv
+                .iter()
+                .any(|s| s == "--env-host" || s == "--http-proxy"));
+        }
+    }
+
+    #[test]
     fn session_network_is_internal_without_dns() {
         let a = strs(&network_create_session(&NetworkSpec {
             name: "agent-sandbox-abc123".into(),
@@ -834,12 +885,21 @@ mod tests {
         assert!(has(&a, &["--dns", "10.89.3.2"]));
         assert!(a.contains(&"--no-hosts".to_owned()));
         assert!(a.contains(&"--userns=keep-id".to_owned()));
+        assert!(has(&a, &["--sysctl", "net.ipv6.conf.all.disable_ipv6=1"]));
+        assert!(has(
+            &a,
+            &["--sysctl", "net.ipv6.conf.default.disable_ipv6=1"]
+        ));
         // Rootful podman refuses keep-id: the pod then has no user namespace option at all.
         let rootful = strs(&pod_create(&spec(UserMapping::Host {
             uid: 1000,
             gid: 1000,
         })));
         assert!(!rootful.iter().any(|s| s.starts_with("--userns")));
+        assert!(has(
+            &rootful,
+            &["--sysctl", "net.ipv6.conf.all.disable_ipv6=1"]
+        ));
     }
 
     #[test]
@@ -885,7 +945,9 @@ mod tests {
         assert!(has(&a, &["--security-opt", "no-new-privileges"]));
         assert!(has(&a, &["--security-opt", "label=disable"]));
         assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
-        assert!(has(&a, &["--volume", "/home/me/src/p:/home/me/src/p"]));
+        // Not recursive: `bind`, never podman's default `rbind`.
+        assert!(has(&a, &["--volume", "/home/me/src/p:/home/me/src/p:bind"]));
+        assert!(!a.iter().any(|s| s.contains("rbind")));
         assert!(has(&a, &["--workdir", "/home/me/src/p"]));
         assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me"]));
         assert!(has(&a, &["--env", "HOME=/home/me"]));

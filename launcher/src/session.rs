@@ -4,7 +4,7 @@
 //! checks (directory, allowlist, podman, images)       nothing is created before these pass
 //! stale sessions removed · egress network and home volume ensured
 //! session network (--internal --disable-dns) ─ router at .2 ─ pod (--dns router) ─ forwarder ─ sandbox
-//! report of refused names · pod, router, network and temp files removed, on every way out
+//! report of refused names · pod, router, network and session files removed, on every way out
 //! ```
 //!
 //! Each step is a function below ([`check`], [`prepare_shared`], [`start`], [`run_command`],
@@ -95,15 +95,25 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
         .context("cannot read the current directory")?
         .canonicalize()
         .context("cannot resolve the current directory")?;
-    let home = workdir::canonicalize_lenient(&settings.home)
-        .with_context(|| format!("cannot resolve HOME ({})", settings.home.display()))?;
     let locations = workdir::allowlist_locations(&settings.allowlist).with_context(|| {
         format!(
             "cannot resolve the allowlist path {}",
             settings.allowlist.display()
         )
     })?;
-    workdir::check(&project, &home, &locations)?;
+    let guarded = workdir::Guarded::from_env(
+        &settings.home,
+        locations,
+        |k| std::env::var_os(k),
+        &identity(&project),
+    )
+    .with_context(|| {
+        format!(
+            "cannot resolve HOME ({}) or the directories to keep out of the sandbox",
+            settings.home.display()
+        )
+    })?;
+    workdir::check(&project, &guarded)?;
 
     ensure_allowlist(&settings.allowlist)?;
     let allowlist = Allowlist::load(&settings.allowlist)?;
@@ -119,6 +129,14 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
     let policy = Policy::new(&allowlist);
 
     let host = preflight(podman)?;
+    // podman's own idea of its storage (storage.conf may move it from the default places checked above).
+    let podman_paths = host
+        .paths
+        .iter()
+        .map(|p| workdir::canonicalize_lenient(p))
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot resolve podman's storage directories")?;
+    workdir::check_podman_paths(&project, &podman_paths)?;
     // The image checks are independent podman calls: run them at once (each costs ~0.1 s of podman
     // start-up, which is most of a session's start time).
     let (router_image, sandbox_image) = std::thread::scope(|s| {
@@ -144,6 +162,35 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
         policy,
         user,
     })
+}
+
+/// Who this launcher acts for, for the directory checks: the passwd home of the real uid and, under
+/// sudo, of `SUDO_UID`; as root (rootful podman, where the sandbox may run as the project's owner) also
+/// the project owner's home. Their homes are refused like `$HOME`.
+fn identity(project: &Path) -> workdir::Identity {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let mut uids = vec![uid];
+    if let Some(sudo) = std::env::var("SUDO_UID")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        uids.push(sudo);
+    }
+    if uid == 0 {
+        if let Ok(meta) = fs::metadata(project) {
+            uids.push(meta.uid());
+        }
+    }
+    workdir::Identity {
+        uid,
+        other_homes: uids
+            .into_iter()
+            .filter_map(|u| passwd_lookup(u).map(|(_, home)| home))
+            .filter(|h| h.is_absolute())
+            .collect(),
+        executable: std::env::current_exe().ok(),
+    }
 }
 
 /// What the shared objects contribute to a session.
@@ -440,6 +487,9 @@ struct HostInfo {
     rootless: bool,
     /// More ids than the user's own are mapped (rootless only).
     subordinate_ids: bool,
+    /// podman's storage, runtime and configuration paths as it reports them (graphRoot, runRoot,
+    /// volumePath, the storage configuration file, its API socket).
+    paths: Vec<PathBuf>,
 }
 
 /// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
@@ -477,9 +527,23 @@ fn parse_host_info(json: &str) -> anyhow::Result<HostInfo> {
             .map(|m| m.iter().filter_map(|e| e["size"].as_u64()).sum())
             .unwrap_or(0)
     };
+    let store = &info["store"];
+    let paths = [
+        &store["graphRoot"],
+        &store["runRoot"],
+        &store["volumePath"],
+        &store["configFile"],
+        &host["remoteSocket"]["path"],
+    ]
+    .into_iter()
+    .filter_map(|v| v.as_str())
+    .map(|s| PathBuf::from(s.strip_prefix("unix://").unwrap_or(s)))
+    .filter(|p| p.is_absolute())
+    .collect();
     Ok(HostInfo {
         rootless: host["security"]["rootless"].as_bool().unwrap_or(false),
         subordinate_ids: mapped("uidmap") > 1 && mapped("gidmap") > 1,
+        paths,
     })
 }
 
@@ -656,21 +720,90 @@ fn new_session_id() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The directory for the session's router configuration, hosts and resolv.conf. Under the system temp
-/// directory rather than $XDG_RUNTIME_DIR (mode 0700): the router reads its configuration as a
-/// subordinate uid, which must be able to traverse to it.
+/// The directory for the session's router configuration, hosts and resolv.conf, in [`sessions_root`].
 fn session_dir(session: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("{NAME_PREFIX}{session}"))
+    sessions_root().join(format!("{NAME_PREFIX}{session}"))
 }
 
+/// Where session directories live: `$XDG_RUNTIME_DIR/agent-sandbox` when the runtime directory is
+/// usable (absolute, a directory, this user's), else `agent-sandbox-UID` in the system temp directory.
+/// Either is created mode 0700 and must be this user's, so no other host user can read a session's
+/// files or plant their own.
+fn sessions_root() -> PathBuf {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    sessions_root_for(
+        uid,
+        std::env::var_os("XDG_RUNTIME_DIR"),
+        std::env::temp_dir(),
+    )
+}
+
+fn sessions_root_for(uid: u32, runtime: Option<OsString>, temp: PathBuf) -> PathBuf {
+    let usable = |dir: &Path| {
+        dir.is_absolute()
+            && fs::metadata(dir)
+                .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0)
+    };
+    match runtime.map(PathBuf::from) {
+        Some(dir) if usable(&dir) => dir.join("agent-sandbox"),
+        _ => temp.join(format!("agent-sandbox-{uid}")),
+    }
+}
+
+/// Creates `dir` mode 0700 unless it exists, then makes sure it is a real directory (not a symlink)
+/// owned by this user with no access for anyone else.
+fn ensure_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+    }
+    let meta =
+        fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid {
+        bail!(
+            "{} is not a directory of yours: remove it, or set XDG_RUNTIME_DIR to your runtime directory",
+            dir.display()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Creates the session's directory (mode 0700, in a 0700 [`sessions_root`]).
 fn create_session_dir(dir: &Path) -> anyhow::Result<()> {
-    fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+    if let Some(root) = dir.parent() {
+        ensure_private_dir(root)?;
+    }
+    use std::os::unix::fs::DirBuilderExt as _;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
         .with_context(|| format!("cannot set permissions on {}", dir.display()))
 }
 
+/// Writes a session file mode 0644: readable by the router's non-root user and by a rootful sandbox's
+/// user once bind-mounted (a bind mount needs no access to the host's parent directories, which stay
+/// 0700, so no other host user can reach the file).
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
-    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o644))
         .with_context(|| format!("cannot set permissions on {}", path.display()))
 }
@@ -984,8 +1117,27 @@ mod tests {
             "gidmap":[{"container_id":0,"host_id":1001,"size":1}]}}}"#;
         let h = parse_host_info(single).unwrap();
         assert!(h.rootless && !h.subordinate_ids);
-        let rootful = r#"{"host":{"security":{"rootless":false},"idMappings":{}}}"#;
-        assert!(!parse_host_info(rootful).unwrap().rootless);
+        let rootful = r#"{"host":{"security":{"rootless":false},"idMappings":{},
+            "remoteSocket":{"path":"unix:///run/podman/podman.sock"}},
+            "store":{"graphRoot":"/srv/storage","runRoot":"/run/containers/storage",
+            "volumePath":"/srv/storage/volumes","configFile":"/etc/containers/storage.conf"}}"#;
+        let h = parse_host_info(rootful).unwrap();
+        assert!(!h.rootless);
+        assert_eq!(
+            h.paths,
+            [
+                "/srv/storage",
+                "/run/containers/storage",
+                "/srv/storage/volumes",
+                "/etc/containers/storage.conf",
+                "/run/podman/podman.sock"
+            ]
+            .map(PathBuf::from)
+        );
+        // A project at or around storage.conf's graphroot is refused once podman has named it.
+        assert!(workdir::check_podman_paths(Path::new("/srv"), &h.paths).is_err());
+        assert!(workdir::check_podman_paths(Path::new("/srv/storage/x"), &h.paths).is_err());
+        assert!(workdir::check_podman_paths(Path::new("/srv/project"), &h.paths).is_ok());
         assert!(parse_host_info("not json").is_err());
     }
 
@@ -994,6 +1146,62 @@ mod tests {
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+    }
+
+    #[test]
+    fn session_directories_are_private_and_in_the_runtime_directory() {
+        // SAFETY: getuid cannot fail and touches no memory.
+        let uid = unsafe { libc::getuid() };
+        let tmp = std::env::temp_dir().join(format!("as-session-dir-test-{}", std::process::id()));
+        let runtime = tmp.join("run");
+        fs::create_dir_all(&runtime).unwrap();
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+        let temp = tmp.join("tmp");
+        // A usable runtime directory is used; a missing, relative or foreign one falls back to temp.
+        assert_eq!(
+            sessions_root_for(uid, Some(runtime.clone().into()), temp.clone()),
+            runtime.join("agent-sandbox")
+        );
+        for bad in [
+            Some(OsString::from("relative/run")),
+            Some(tmp.join("missing").into()),
+            None,
+        ] {
+            assert_eq!(
+                sessions_root_for(uid, bad, temp.clone()),
+                temp.join(format!("agent-sandbox-{uid}"))
+            );
+        }
+        assert_eq!(
+            sessions_root_for(uid + 1, Some(runtime.clone().into()), temp.clone()),
+            temp.join(format!("agent-sandbox-{}", uid + 1))
+        );
+        // A world-writable runtime directory is not trusted either.
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(
+            sessions_root_for(uid, Some(runtime.clone().into()), temp.clone()),
+            temp.join(format!("agent-sandbox-{uid}"))
+        );
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+
+        let root = runtime.join("agent-sandbox");
+        // An existing root with loose permissions is tightened.
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = root.join("agent-sandbox-0123456789ab");
+        create_session_dir(&dir).unwrap();
+        write_file(&dir.join("router.toml"), "x").unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("router.toml")), 0o644);
+        // A file is never written through an existing name (a planted symlink).
+        assert!(write_file(&dir.join("router.toml"), "y").is_err());
+        // A symlink in place of the root is refused.
+        let linked = tmp.join("linked-root");
+        std::os::unix::fs::symlink(&runtime, &linked).unwrap();
+        assert!(ensure_private_dir(&linked).is_err());
+        fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

@@ -2,10 +2,15 @@
 //!
 //! The project directory is mounted read-write, so launching from `$HOME` (or `/home`, or `/`) would hand
 //! the sandbox every dotfile and key, and launching from a directory that holds the allowlist would let
-//! it widen its own egress for the next session. These checks run on canonical paths (symlinks
+//! it widen its own egress for the next session. The same goes for the other places whose contents
+//! steer the host or hold its secrets: the shared temp directories, the user's runtime directory
+//! (podman's and D-Bus's sockets), podman's own storage and configuration, the home's hidden
+//! directories, and the directory holding this program. These checks run on canonical paths (symlinks
 //! resolved) before anything is created.
 
+use std::ffi::OsString;
 use std::io;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
 /// Why a directory is refused.
@@ -22,6 +27,14 @@ pub enum Refusal {
         /// The home directory.
         home: PathBuf,
     },
+    /// The directory is, or is inside, a hidden directory of the home (`~/.config`, `~/.ssh`, ...).
+    #[error("refusing to run in {dir}: it is inside {hidden}, a hidden directory of your home (configuration, keys and credentials live there), which the sandbox could read and change. cd into a project directory first")]
+    HomeDotDir {
+        /// The refused directory.
+        dir: PathBuf,
+        /// The hidden directory of the home it is in.
+        hidden: PathBuf,
+    },
     /// The directory contains the allowlist.
     #[error("refusing to run in {dir}: it contains the allowlist {allowlist}, which the sandbox could rewrite to widen its own egress. Run from a directory that does not hold it, or keep the allowlist elsewhere (AGENT_SANDBOX_ALLOWLIST)")]
     ContainsAllowlist {
@@ -30,28 +43,217 @@ pub enum Refusal {
         /// The allowlist, as it resolves.
         allowlist: PathBuf,
     },
+    /// The directory is a shared temporary directory, or contains one.
+    #[error("refusing to run in {dir}: it is or contains the shared temporary directory {temp}, where other programs and users keep their files. Make a project directory (`mkdir` or `mktemp -d`) and run there")]
+    TempDir {
+        /// The refused directory.
+        dir: PathBuf,
+        /// The temporary directory.
+        temp: PathBuf,
+    },
+    /// The directory is, contains or lies inside the user's runtime directory.
+    #[error("refusing to run in {dir}: it is, contains or lies inside your runtime directory {runtime}, which holds the sockets of your session (podman, D-Bus, agents). cd into a project directory first")]
+    RuntimeDir {
+        /// The refused directory.
+        dir: PathBuf,
+        /// The runtime directory.
+        runtime: PathBuf,
+    },
+    /// The directory is, contains or lies inside podman's storage, configuration or runtime state.
+    #[error("refusing to run in {dir}: it is, contains or lies inside {path}, podman's storage, configuration or runtime state, through which the sandbox could change what the next session runs. cd into a project directory first")]
+    Podman {
+        /// The refused directory.
+        dir: PathBuf,
+        /// podman's directory or file.
+        path: PathBuf,
+    },
+    /// The directory contains this program.
+    #[error("refusing to run in {dir}: it contains the agent-sandbox program {exe}, which the sandbox could replace. Run from a project directory that does not hold it")]
+    ContainsLauncher {
+        /// The refused directory.
+        dir: PathBuf,
+        /// The launcher's executable.
+        exe: PathBuf,
+    },
 }
 
-/// Refuses `dir` if it is `home` or above it, or if any of `allowlist_paths` lies inside it.
+/// The places a project directory must stay clear of. Every path must be canonical (see
+/// [`canonicalize_lenient`]); [`check`] only compares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Guarded {
+    /// Home directories: refused themselves, with their parents and their hidden directories.
+    pub homes: Vec<PathBuf>,
+    /// The allowlist's locations: refused with every directory containing them.
+    pub allowlist: Vec<PathBuf>,
+    /// Shared temporary directories: refused themselves and with every directory containing them.
+    pub temp: Vec<PathBuf>,
+    /// Runtime directories: refused themselves, inside and with every directory containing them.
+    pub runtime: Vec<PathBuf>,
+    /// podman's storage, configuration and runtime paths: refused themselves, inside and with every
+    /// directory containing them.
+    pub podman: Vec<PathBuf>,
+    /// The launcher's executable: refused with every directory containing it.
+    pub executable: Option<PathBuf>,
+}
+
+/// `a` is `b`, inside it, or contains it.
+fn related(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// Refuses `dir` if it comes too close to anything in `guarded` (see [`Guarded`]).
 ///
 /// Every path must already be canonical (see [`canonicalize_lenient`]); this function only compares.
-pub fn check(dir: &Path, home: &Path, allowlist_paths: &[PathBuf]) -> Result<(), Refusal> {
-    if dir == home {
-        return Err(Refusal::Home(dir.to_owned()));
+pub fn check(dir: &Path, guarded: &Guarded) -> Result<(), Refusal> {
+    let refuse_dir = || dir.to_owned();
+    for home in &guarded.homes {
+        if dir == home {
+            return Err(Refusal::Home(refuse_dir()));
+        }
+        if home.starts_with(dir) {
+            return Err(Refusal::ParentOfHome {
+                dir: refuse_dir(),
+                home: home.clone(),
+            });
+        }
+        if let Ok(below) = dir.strip_prefix(home) {
+            if let Some(Component::Normal(first)) = below.components().next() {
+                if first.as_bytes().starts_with(b".") {
+                    return Err(Refusal::HomeDotDir {
+                        dir: refuse_dir(),
+                        hidden: home.join(first),
+                    });
+                }
+            }
+        }
     }
-    if home.starts_with(dir) {
-        return Err(Refusal::ParentOfHome {
-            dir: dir.to_owned(),
-            home: home.to_owned(),
-        });
-    }
-    if let Some(a) = allowlist_paths.iter().find(|a| a.starts_with(dir)) {
+    if let Some(a) = guarded.allowlist.iter().find(|a| a.starts_with(dir)) {
         return Err(Refusal::ContainsAllowlist {
-            dir: dir.to_owned(),
+            dir: refuse_dir(),
             allowlist: a.clone(),
         });
     }
+    if let Some(t) = guarded.temp.iter().find(|t| t.starts_with(dir)) {
+        return Err(Refusal::TempDir {
+            dir: refuse_dir(),
+            temp: t.clone(),
+        });
+    }
+    if let Some(r) = guarded.runtime.iter().find(|r| related(dir, r)) {
+        return Err(Refusal::RuntimeDir {
+            dir: refuse_dir(),
+            runtime: r.clone(),
+        });
+    }
+    check_podman_paths(dir, &guarded.podman)?;
+    if let Some(exe) = guarded.executable.as_ref().filter(|e| e.starts_with(dir)) {
+        return Err(Refusal::ContainsLauncher {
+            dir: refuse_dir(),
+            exe: exe.clone(),
+        });
+    }
     Ok(())
+}
+
+/// Refuses `dir` if it is, contains or lies inside any of podman's `paths` (canonical). Also used once
+/// `podman info` has named its actual storage directories.
+pub fn check_podman_paths(dir: &Path, paths: &[PathBuf]) -> Result<(), Refusal> {
+    match paths.iter().find(|p| related(dir, p)) {
+        Some(p) => Err(Refusal::Podman {
+            dir: dir.to_owned(),
+            path: p.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What the process knows about its user, for [`Guarded::from_env`].
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    /// The real uid.
+    pub uid: u32,
+    /// Home directories of users the sandbox might be or act for, besides `$HOME`: the passwd home of
+    /// this uid and, under sudo or as root, of `SUDO_UID` and of the project's owner.
+    pub other_homes: Vec<PathBuf>,
+    /// The launcher's executable (`std::env::current_exe`).
+    pub executable: Option<PathBuf>,
+}
+
+impl Guarded {
+    /// The guarded places from `$HOME`, the allowlist's locations, the environment (`var` is
+    /// `std::env::var_os` outside tests) and `id`; every path is resolved leniently.
+    pub fn from_env(
+        home: &Path,
+        allowlist: Vec<PathBuf>,
+        var: impl Fn(&str) -> Option<OsString>,
+        id: &Identity,
+    ) -> io::Result<Guarded> {
+        let get = |name: &str| {
+            var(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+        };
+        let canon = |p: &Path| canonicalize_lenient(p);
+        let mut homes = vec![canon(home)?];
+        for h in &id.other_homes {
+            let h = canon(h)?;
+            if !homes.contains(&h) {
+                homes.push(h);
+            }
+        }
+        let mut temp_dirs = vec![
+            PathBuf::from("/tmp"),
+            PathBuf::from("/var/tmp"),
+            PathBuf::from("/dev/shm"),
+        ];
+        temp_dirs.extend(get("TMPDIR"));
+        let mut runtime = vec![PathBuf::from(format!("/run/user/{}", id.uid))];
+        runtime.extend(get("XDG_RUNTIME_DIR"));
+        let mut podman = vec![
+            PathBuf::from("/var/lib/containers"),
+            PathBuf::from("/etc/containers"),
+            PathBuf::from("/usr/share/containers"),
+            PathBuf::from("/run/containers"),
+            PathBuf::from("/var/run/containers"),
+            PathBuf::from("/run/libpod"),
+        ];
+        for t in &temp_dirs {
+            podman.push(t.join(format!("containers-user-{}", id.uid)));
+            podman.push(t.join(format!("podman-run-{}", id.uid)));
+        }
+        for h in &homes {
+            podman.push(h.join(".local/share/containers"));
+            podman.push(h.join(".config/containers"));
+        }
+        podman.extend(get("XDG_DATA_HOME").map(|d| d.join("containers")));
+        podman.extend(get("XDG_CONFIG_HOME").map(|d| d.join("containers")));
+        for file in [
+            "CONTAINERS_CONF",
+            "CONTAINERS_STORAGE_CONF",
+            "CONTAINERS_REGISTRIES_CONF",
+        ] {
+            podman.extend(get(file));
+        }
+        let all = |v: Vec<PathBuf>| -> io::Result<Vec<PathBuf>> {
+            let mut out: Vec<PathBuf> = Vec::new();
+            for p in v {
+                let p = canon(&p)?;
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            Ok(out)
+        };
+        Ok(Guarded {
+            homes,
+            allowlist,
+            temp: all(temp_dirs)?,
+            runtime: all(runtime)?,
+            podman: all(podman)?,
+            executable: id.executable.as_deref().map(canon).transpose()?,
+        })
+    }
 }
 
 /// Canonicalises the longest existing prefix of `path` and appends the rest, so that a path that does
@@ -114,10 +316,18 @@ mod tests {
         PathBuf::from(s)
     }
 
+    fn guarded() -> Guarded {
+        Guarded {
+            homes: vec![p("/home/me")],
+            allowlist: vec![p("/home/me/.config/agent-sandbox/allowed-hosts")],
+            ..Guarded::default()
+        }
+    }
+
     #[test]
     fn table() {
+        let g = guarded();
         let home = p("/home/me");
-        let list = vec![p("/home/me/.config/agent-sandbox/allowed-hosts")];
         let cases: &[(&str, bool)] = &[
             ("/home/me", false),
             ("/home", false),
@@ -128,23 +338,147 @@ mod tests {
             ("/home/me/src", true),
             ("/home/meow", true),
             ("/tmp/x", true),
-            ("/home/me/.config/other", true),
+            ("/home/me/.config/other", false),
+            ("/home/me/.ssh", false),
+            ("/home/me/.local/share/x", false),
+            ("/home/me/src/.hidden", true),
+            ("/home/me/..x", false),
         ];
         for (dir, ok) in cases {
-            assert_eq!(check(Path::new(dir), &home, &list).is_ok(), *ok, "{dir}");
+            assert_eq!(check(Path::new(dir), &g).is_ok(), *ok, "{dir}");
         }
-        assert_eq!(check(&home, &home, &list), Err(Refusal::Home(home.clone())));
+        assert_eq!(check(&home, &g), Err(Refusal::Home(home.clone())));
         assert!(matches!(
-            check(Path::new("/"), &home, &list),
+            check(Path::new("/"), &g),
             Err(Refusal::ParentOfHome { .. })
         ));
+        assert_eq!(
+            check(Path::new("/home/me/.cargo/registry"), &g),
+            Err(Refusal::HomeDotDir {
+                dir: p("/home/me/.cargo/registry"),
+                hidden: p("/home/me/.cargo")
+            })
+        );
         // An allowlist kept in a project (AGENT_SANDBOX_ALLOWLIST) refuses that project and its parents.
-        let inside = vec![p("/work/proj/conf/allowed")];
+        let inside = Guarded {
+            allowlist: vec![p("/work/proj/conf/allowed")],
+            ..guarded()
+        };
         assert!(matches!(
-            check(Path::new("/work/proj"), &home, &inside),
+            check(Path::new("/work/proj"), &inside),
             Err(Refusal::ContainsAllowlist { .. })
         ));
-        assert!(check(Path::new("/work/proj/src"), &home, &inside).is_ok());
+        assert!(check(Path::new("/work/proj/src"), &inside).is_ok());
+    }
+
+    #[test]
+    fn temp_runtime_podman_and_launcher_directories() {
+        let g = Guarded {
+            temp: vec![p("/tmp"), p("/var/tmp")],
+            runtime: vec![p("/run/user/1000")],
+            podman: vec![
+                p("/var/lib/containers"),
+                p("/etc/containers/containers.conf"),
+            ],
+            executable: Some(p("/opt/as/bin/agent-sandbox")),
+            ..guarded()
+        };
+        let refused = |dir: &str| check(Path::new(dir), &g).err();
+        // Temp directories: themselves and what contains them; a project inside is fine.
+        assert!(matches!(refused("/tmp"), Some(Refusal::TempDir { .. })));
+        assert!(matches!(refused("/var/tmp"), Some(Refusal::TempDir { .. })));
+        assert!(matches!(refused("/var"), Some(Refusal::TempDir { .. })));
+        assert_eq!(refused("/tmp/project"), None);
+        // The runtime directory: itself, inside and above.
+        for dir in [
+            "/run/user/1000",
+            "/run/user/1000/podman",
+            "/run/user",
+            "/run",
+        ] {
+            assert!(
+                matches!(refused(dir), Some(Refusal::RuntimeDir { .. })),
+                "{dir}"
+            );
+        }
+        assert_eq!(refused("/run/user/1001"), None);
+        // podman's paths: itself, inside and above; a configuration file refuses what contains it.
+        for dir in [
+            "/var/lib/containers",
+            "/var/lib/containers/storage/overlay",
+            "/var/lib",
+            "/etc/containers",
+            "/etc",
+        ] {
+            assert!(
+                matches!(refused(dir), Some(Refusal::Podman { .. })),
+                "{dir}"
+            );
+        }
+        assert_eq!(refused("/var/lib/other"), None);
+        // The launcher's directory and its parents.
+        for dir in ["/opt/as/bin", "/opt/as", "/opt"] {
+            assert!(
+                matches!(refused(dir), Some(Refusal::ContainsLauncher { .. })),
+                "{dir}"
+            );
+        }
+        assert_eq!(refused("/opt/as/src"), None);
+        assert!(check_podman_paths(Path::new("/srv/x"), &[p("/srv/x/storage")]).is_err());
+        assert!(check_podman_paths(Path::new("/srv/y"), &[p("/srv/x/storage")]).is_ok());
+    }
+
+    #[test]
+    fn guarded_from_the_environment() {
+        let vars = |k: &str| -> Option<OsString> {
+            match k {
+                "XDG_RUNTIME_DIR" => Some("/nonexistent-as/run".into()),
+                "TMPDIR" => Some("/nonexistent-as/tmp".into()),
+                "XDG_CONFIG_HOME" => Some("/nonexistent-as/cfg".into()),
+                "CONTAINERS_CONF" => Some("/nonexistent-as/c/containers.conf".into()),
+                "XDG_DATA_HOME" => Some("relative/ignored".into()),
+                _ => None,
+            }
+        };
+        let id = Identity {
+            uid: 4242,
+            other_homes: vec![p("/nonexistent-as/home/sudoer")],
+            executable: Some(p("/nonexistent-as/bin/agent-sandbox")),
+        };
+        let g = Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], vars, &id).unwrap();
+        assert_eq!(
+            g.homes,
+            [
+                p("/nonexistent-as/home/me"),
+                p("/nonexistent-as/home/sudoer")
+            ]
+        );
+        assert!(g.temp.contains(&p("/nonexistent-as/tmp")));
+        assert!(g.runtime.contains(&p("/run/user/4242")));
+        assert!(g.runtime.contains(&p("/nonexistent-as/run")));
+        for path in [
+            "/nonexistent-as/cfg/containers",
+            "/nonexistent-as/c/containers.conf",
+            "/nonexistent-as/home/sudoer/.local/share/containers",
+            "/nonexistent-as/tmp/containers-user-4242",
+        ] {
+            assert!(g.podman.contains(&p(path)), "{path}: {:?}", g.podman);
+        }
+        assert!(!g.podman.iter().any(|x| x.starts_with("relative")));
+        // A sudo user's home and its parents are refused like $HOME.
+        assert!(matches!(
+            check(Path::new("/nonexistent-as/home/sudoer"), &g),
+            Err(Refusal::Home(_))
+        ));
+        assert!(matches!(
+            check(Path::new("/nonexistent-as/home"), &g),
+            Err(Refusal::ParentOfHome { .. })
+        ));
+        assert!(matches!(
+            check(Path::new("/nonexistent-as/bin"), &g),
+            Err(Refusal::ContainsLauncher { .. })
+        ));
+        assert!(check(Path::new("/nonexistent-as/home/sudoer/project"), &g).is_ok());
     }
 
     #[test]

@@ -158,3 +158,128 @@ fn usage_errors() {
     let o = s.run(&s.home(), &["--build-images=nonsense"], &[]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// Refuses the shared temp directories, the home's hidden directories, the runtime directory (inside
+/// and above it), podman's configuration and the directory holding this program, through symlinks too;
+/// nothing is created (not even the allowlist copy).
+#[test]
+fn refuses_temp_runtime_podman_hidden_and_launcher_directories() {
+    let s = Scratch::new("refuse-more");
+    let runtime = s.root.join("run");
+    fs::create_dir_all(runtime.join("podman")).unwrap();
+    let conf_dir = s.root.join("conf");
+    fs::create_dir_all(&conf_dir).unwrap();
+    fs::write(conf_dir.join("containers.conf"), "").unwrap();
+    let ssh = s.home().join(".ssh/keys");
+    fs::create_dir_all(&ssh).unwrap();
+    let link = s.root.join("link-to-ssh");
+    std::os::unix::fs::symlink(&ssh, &link).unwrap();
+    let storage = s.home().join("project/storage");
+    fs::create_dir_all(&storage).unwrap();
+    let launcher_dir = Path::new(LAUNCHER).parent().unwrap().to_owned();
+    let env: &[(&str, &Path)] = &[
+        ("XDG_RUNTIME_DIR", &runtime),
+        ("CONTAINERS_CONF", &conf_dir.join("containers.conf")),
+        ("XDG_DATA_HOME", &s.home().join("project")),
+    ];
+    for (dir, why) in [
+        (PathBuf::from("/tmp"), "shared temporary directory"),
+        (std::env::temp_dir(), "shared temporary directory"),
+        (s.home().join(".ssh"), "hidden directory of your home"),
+        (link, "hidden directory of your home"),
+        (runtime.clone(), "runtime directory"),
+        (runtime.join("podman"), "runtime directory"),
+        (conf_dir, "podman's storage"),
+        // $XDG_DATA_HOME/containers is podman's storage: the directory above it is refused.
+        (s.home().join("project"), "podman's storage"),
+        (launcher_dir, "contains the agent-sandbox program"),
+    ] {
+        fs::create_dir_all(s.home().join("project/containers")).unwrap();
+        // The scratch HOME is in the temp directory: a HOME elsewhere shows the temp refusal itself.
+        let elsewhere = Path::new("/nonexistent-as-cli-home");
+        let mut env = env.to_vec();
+        if why == "shared temporary directory" {
+            env.push(("HOME", elsewhere));
+        }
+        let o = s.run(&dir, &["--exec", "true"], &env);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", dir.display());
+        assert!(
+            err.contains("refusing to run") && err.contains(why),
+            "{}: {err}",
+            dir.display()
+        );
+        assert!(
+            !s.home().join(".config/agent-sandbox").exists(),
+            "{}: created the allowlist",
+            dir.display()
+        );
+    }
+    // A project elsewhere gets as far as podman.
+    let project = s.root.join("elsewhere");
+    fs::create_dir_all(&project).unwrap();
+    let o = s.run(&project, &["--exec", "true"], env);
+    assert!(
+        stderr(&o).contains("podman is not installed"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Under sudo the invoking user's home (from /etc/passwd, by SUDO_UID) is refused like $HOME.
+#[test]
+fn refuses_the_sudo_users_home() {
+    let me = {
+        use std::os::unix::fs::MetadataExt as _;
+        fs::metadata("/proc/self").unwrap().uid()
+    };
+    // Another user with an existing home directory that no other rule refuses.
+    let passwd = fs::read_to_string("/etc/passwd").unwrap();
+    let other = passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        let uid: u32 = f.get(2)?.parse().ok()?;
+        let home = Path::new(f.get(5)?);
+        let ok = uid != me
+            && home.is_absolute()
+            && home.is_dir()
+            && home.canonicalize().ok()? == home
+            && ![
+                "/", "/tmp", "/var", "/run", "/usr", "/etc", "/var/lib", "/var/run", "/dev",
+                "/proc", "/sys",
+            ]
+            .contains(&f[5])
+            && !home.starts_with("/run")
+            && !home.starts_with("/tmp");
+        ok.then(|| (uid, home.to_owned()))
+    });
+    let Some((uid, home)) = other else {
+        eprintln!("no other user with a usable home directory: skipped");
+        return;
+    };
+    let s = Scratch::new("sudo-home");
+    let o = s.run(&home, &["--exec", "true"], &[]);
+    assert!(
+        !stderr(&o).contains("your home directory"),
+        "{}: {}",
+        home.display(),
+        stderr(&o)
+    );
+    let uid = uid.to_string();
+    let mut c = Command::new(LAUNCHER);
+    let o = c
+        .args(["--exec", "true"])
+        .current_dir(&home)
+        .env_clear()
+        .env("HOME", s.home())
+        .env("PATH", s.root.join("no-bin"))
+        .env("SUDO_UID", &uid)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("refusing to run in your home directory"),
+        "{}: {}",
+        home.display(),
+        stderr(&o)
+    );
+}
