@@ -966,7 +966,29 @@ impl Suite<'_> {
             .replace("@SECRET@", &secret.display().to_string())
             .replace("@MARKER@", &marker.display().to_string());
         self.write_script(&dir, "files.sh", &script);
-        let r = self.launch(&dir, &["--exec", "bash", "./files.sh"]);
+        // A file system mounted below the project on the host stays out: the project's bind mount is
+        // not recursive (needs root to mount; the suite runs as root).
+        let submount = dir.join("submount");
+        fs::create_dir_all(&submount).unwrap();
+        let mounted = current_ids().0 == 0
+            && sh(Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=1m", "as-e2e-submount"])
+                .arg(&submount))
+            .status
+            .success();
+        if mounted {
+            fs::write(submount.join("marker"), "below").unwrap();
+        }
+        // podman would copy the host's proxy variables (with their credentials) into containers.
+        let proxy = "http://user:as-e2e-proxy-secret@proxy.invalid:3128".to_owned();
+        let r = self.launch_env(
+            &dir,
+            &["--exec", "bash", "./files.sh"],
+            &[("http_proxy", proxy.clone()), ("HTTPS_PROXY", proxy)],
+        );
+        if mounted {
+            let _ = sh(Command::new("umount").arg(&submount));
+        }
         let _ = fs::remove_file(&marker);
         let mode = self.mode.clone();
         self.checks.script(
@@ -987,8 +1009,14 @@ impl Suite<'_> {
                 "no-podman-socket",
                 "no-setuid-files",
                 "no-capabilities",
+                "no-host-proxy-variables",
+                "ipv6-disabled",
             ],
         );
+        if mounted {
+            self.checks
+                .script(&mode, &r.stdout, &["submount-invisible"]);
+        }
         let created = dir.join("created-in-sandbox");
         let owner = fs::metadata(&created).map(|m| (m.uid(), m.gid()));
         let expect = if mode.rootful() {
@@ -1382,4 +1410,7 @@ f forwarder-invisible bash -c 'ps -eo comm | grep -q forwarder'
 f no-podman-socket bash -c 'find / -xdev \( -name podman.sock -o -name docker.sock \) 2>/dev/null | grep -q . || ls /run/podman/podman.sock /run/user/*/podman/podman.sock'
 f no-setuid-files bash -c 'find / -xdev -perm /6000 -type f 2>/dev/null | grep -q .'
 t no-capabilities bash -c 'grep -q "^CapEff:[[:space:]]*0000000000000000" /proc/self/status && grep -q "^CapBnd:[[:space:]]*0000000000000000" /proc/self/status'
+f no-host-proxy-variables bash -c 'env | grep -qi "proxy"'
+t ipv6-disabled bash -c 'test "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6)" = 1'
+f submount-invisible test -e submount/marker
 "#;
