@@ -276,10 +276,8 @@ fn start(
     let config = dir.join("router.toml");
     write_file(&config, &plan.router.to_toml())?;
     let hosts = dir.join("hosts");
-    write_file(
-        &hosts,
-        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-    )?;
+    // IPv4 only: IPv6 is disabled in the pod's netns, so ::1 does not exist there.
+    write_file(&hosts, "127.0.0.1\tlocalhost\n")?;
     let resolv = dir.join("resolv.conf");
     write_file(&resolv, &format!("nameserver {router_ip}\n"))?;
     interrupted(signals)?;
