@@ -403,7 +403,9 @@ pub mod args {
             .labels(&spec.labels)
             .arg("--interactive");
         if spec.tty {
-            a.arg("--tty");
+            // Ctrl-P is an ordinary key for the programs in the sandbox (shell history, editors, Claude);
+            // podman's default detach sequence (ctrl-p,ctrl-q) would swallow it.
+            a.arg("--tty").opt("--detach-keys", "");
         }
         let non_root = match &spec.user {
             UserMapping::KeepId => true,
@@ -984,6 +986,7 @@ mod tests {
             &["--passwd-entry", "me:*:1000:1000:me:/home/me:/bin/bash"]
         ));
         assert!(has(&a, &["--interactive", "--tty"]) || a.contains(&"--tty".to_owned()));
+        assert!(has(&a, &["--detach-keys", ""]));
         assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me:U"]));
         assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
         // A root sandbox user (rootful podman in a root-owned project) keeps /proc masked.
