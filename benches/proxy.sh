@@ -92,6 +92,7 @@ pids+=($!)
 printf 'upstream.test\n' >"$work/allowed-hosts"
 "$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
     --http 127.0.1.1:80 --https 127.0.1.1:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
+    --threads "${ROUTER_THREADS:-1}" \
     2>"$work/router.log" &
 pids+=($!)
 router_pid=$!
@@ -163,6 +164,13 @@ wrk_at() { # ip url [wrk args...]
 }
 rps() { awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
 
+cpu_ticks() { # sum utime + stime (clock ticks) of the given pids
+    local total=0 p
+    for p in "$@"; do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
 pids_rss() { # sum VmRSS (KiB) of the given pids
     local total=0 p
     for p in "$@"; do
@@ -176,7 +184,18 @@ declare -A result
 for who in router nginx direct; do
     ip=${target[$who]}
     result[$who,https_keepalive]=$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)
+    proxy_pids=()
+    case $who in
+        router) proxy_pids=("$router_pid") ;;
+        nginx) mapfile -t proxy_pids < <(nginx_pids | sort -u) ;;
+    esac
+    cpu_before=$(cpu_ticks "${proxy_pids[@]}")
     result[$who,https_new]=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    cpu_after=$(cpu_ticks "${proxy_pids[@]}")
+    # The proxy's own CPU (user + system) per new connection, in microseconds: less sensitive to the
+    # load generator sharing the cores than the rate itself.
+    result[$who,https_new_cpu]=$(awk -v t="$((cpu_after - cpu_before))" -v hz="$(getconf CLK_TCK)" \
+        -v r="${result[$who,https_new]}" -v s="$secs" 'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s); else print "-" }')
     perf_pid=
     if [ -n "${PROFILE:-}" ] && [ "$who" = router ]; then
         # PROFILE=FILE: a perf profile of the router during its new-HTTP-connections run.
@@ -244,6 +263,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
         r=${result[router,$m]} n=${result[nginx,$m]} d=${result[direct,$m]}
         echo "| $label | $r | $n | $d | $(ratio "$r" "$n") | $(ratio "$r" "$d") |"
     done
+    r=${result[router,https_new_cpu]} n=${result[nginx,https_new_cpu]}
+    echo "| proxy CPU per new HTTPS connection, µs (lower is better) | $r | $n | - | $(ratio "$r" "$n") | - |"
     echo
     echo "| RSS (KiB) | router | nginx + dnsmasq | router / (nginx + dnsmasq) |"
     echo "|---|---:|---:|---:|"

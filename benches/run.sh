@@ -81,7 +81,8 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo "\`ssl_preread\` on 443 and Host-routing \`proxy_pass http://\$host\` on 80, both dialling the name the"
     echo "client sent through a resolver (the design agent-sandbox replaces), access logs on like the router's"
     echo "connection log, plus dnsmasq for the sandbox's DNS (counted in its RSS). Each contender reaches the"
-    echo "upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next."
+    echo "upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next. The router runs with"
+    echo "\`--threads 1\` as in a session (ROUTER_THREADS=N to change), nginx with one worker per core."
     echo
     cat "$results/proxy.md"
     echo

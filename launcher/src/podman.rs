@@ -345,7 +345,16 @@ pub mod args {
                 mount(&spec.config_file, Path::new(ROUTER_CONFIG_PATH), ":ro"),
             )
             .arg(&spec.image)
-            .args(["--config", ROUTER_CONFIG_PATH, "--log-format", "json"])
+            // One worker thread: a session's router serves one sandbox, and the sandbox keeps the
+            // other cores (measured: less CPU per connection than one thread per core).
+            .args([
+                "--config",
+                ROUTER_CONFIG_PATH,
+                "--log-format",
+                "json",
+                "--threads",
+                "1",
+            ])
             .done()
     }
 
@@ -867,7 +876,14 @@ mod tests {
             .unwrap();
         assert_eq!(
             &a[image + 1..],
-            ["--config", ROUTER_CONFIG_PATH, "--log-format", "json"]
+            [
+                "--config",
+                ROUTER_CONFIG_PATH,
+                "--log-format",
+                "json",
+                "--threads",
+                "1"
+            ]
         );
     }
 

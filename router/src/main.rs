@@ -42,10 +42,11 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.threads {
+        builder.worker_threads(usize::from(n));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("agent-sandbox-router: cannot start the runtime: {e}");

@@ -155,6 +155,10 @@ fn usage_errors_exit_2() {
             ],
             "xml",
         ),
+        (
+            &["--allowlist", l, "--answer", "192.0.2.1", "--threads", "0"],
+            "--threads",
+        ),
     ];
     for (args, needle) in cases {
         let out = router(args);
