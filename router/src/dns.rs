@@ -35,8 +35,8 @@ pub struct DnsStats {
 /// The DNS request handler.
 #[derive(Debug)]
 pub struct DnsHandler {
-    /// Shared with the proxy listeners: a name that resolves is a name that connects.
-    policy: Arc<Policy>,
+    /// Compiled from the same configuration as the proxy's: a name that resolves is a name that connects.
+    policy: Policy,
     /// Answer for allowlisted names without a per-host answer.
     default_answer: Ipv4Addr,
     /// Per-host answers (in a session: hosts with port entries have their own loopback address).
@@ -50,9 +50,9 @@ pub struct DnsHandler {
 impl DnsHandler {
     /// Builds the handler from a validated configuration.
     #[must_use]
-    pub fn new(config: &ValidConfig, policy: Arc<Policy>, stats: Arc<DnsStats>) -> DnsHandler {
+    pub fn new(config: &ValidConfig, stats: Arc<DnsStats>) -> DnsHandler {
         DnsHandler {
-            policy,
+            policy: config.policy.clone(),
             default_answer: config.raw.answers.default,
             host_answers: config.host_answers.clone(),
             ttl: config.raw.answers.ttl,

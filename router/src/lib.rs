@@ -150,10 +150,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Everything that can fail is set up before anything is served.
     let proxy = Arc::new(proxy::Proxy::new(&config).context("cannot set up the proxy")?);
-    let policy = Arc::new(config.policy.clone());
     let mut tasks = JoinSet::new();
 
-    let handler = Arc::new(dns::DnsHandler::new(&config, Arc::clone(&policy), stats));
+    let handler = Arc::new(dns::DnsHandler::new(&config, stats));
     for udp in listeners.dns_udp {
         tasks.spawn(dns_udp::serve(
             Arc::new(udp),
