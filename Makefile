@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Podman settings for the Debian 12 test machines (runc, explicit ulimits); harmless elsewhere.
 export CONTAINERS_CONF ?= $(CURDIR)/tests/containers.conf
 
-# The router image (router + forwarder, static, FROM scratch); containers/router/build.sh makes it.
+# The router image (router + forwarder, static, FROM scratch); `agent-sandbox --build-images` makes it.
 ROUTER_IMAGE ?= localhost/agent-sandbox-router:dev
 STATIC_FORWARDER := target/x86_64-unknown-linux-gnu/release-small/agent-sandbox-forwarder
 
@@ -51,8 +51,7 @@ router-image: ## the router image (ROUTER_IMAGE=localhost/agent-sandbox-router:d
 image-test: router-image ## run the router and the forwarder from the image (rootful podman)
 	AGENT_SANDBOX_ROUTER_IMAGE=$(ROUTER_IMAGE) $(CARGO) test --locked -p agent-sandbox-forwarder --test image -- --ignored
 
-bench-forwarder: ## the shipped forwarder vs socat on loopback: connections/s, MB/s (about 25 s)
-	CARGO=$(CARGO) containers/router/build.sh --binaries-only
+bench-forwarder: router-image ## the shipped forwarder vs socat on loopback: connections/s, MB/s (about 25 s)
 	FORWARDER_BIN=$(CURDIR)/$(STATIC_FORWARDER) $(CARGO) bench --locked -p agent-sandbox-forwarder --bench relay
 
 base-image: ## a local Debian base for the sandbox image, with debootstrap (root; no registry needed)
