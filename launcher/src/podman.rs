@@ -255,6 +255,14 @@ pub mod args {
         Argv::new(&["image", "exists", image]).done()
     }
 
+    /// The ids of images in local storage; fails if any is missing.
+    #[must_use]
+    pub fn image_ids(images: &[&str]) -> Vec<OsString> {
+        Argv::new(&["image", "inspect", "--format", "{{.Id}}"])
+            .args(images.iter().copied())
+            .done()
+    }
+
     /// Fetches a registry image (release builds pin registry images).
     #[must_use]
     pub fn image_pull(image: &str) -> Vec<OsString> {

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! checks (directory, allowlist, podman, images)       nothing is created before these pass
+//!   (the read-only podman queries run at once: podman's start-up is most of a session's start time)
 //! stale sessions removed · egress network and home volume ensured
 //! session network (--internal --disable-dns) ─ router at .2 ─ pod (--dns router) ─ forwarder ─ sandbox
 //! report of refused names · pod, router, network and session files removed, on every way out
@@ -65,9 +66,9 @@ pub fn run(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<i32> {
-    let checked = check(podman, settings)?;
+    let (checked, probes) = check(podman, settings)?;
     interrupted(signals)?;
-    let shared = prepare_shared(podman, settings, &checked)?;
+    let shared = prepare_shared(podman, settings, &checked, probes)?;
     interrupted(signals)?;
     let mut cleanup = Cleanup::new(podman.clone());
     let session = start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
@@ -90,7 +91,7 @@ struct Checked {
 }
 
 /// Step 1: the checks. Nothing is created here but the user's allowlist (copied from the default).
-fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
+fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<(Checked, SharedProbes)> {
     let project = std::env::current_dir()
         .context("cannot read the current directory")?
         .canonicalize()
@@ -128,7 +129,8 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
     }
     let policy = Policy::new(&allowlist);
 
-    let host = preflight(podman)?;
+    let probes = Probes::gather(podman, settings);
+    let host = preflight(probes.info)?;
     // podman's own idea of its storage (storage.conf may move it from the default places checked above).
     let podman_paths = host
         .paths
@@ -137,13 +139,15 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
         .collect::<Result<Vec<_>, _>>()
         .context("cannot resolve podman's storage directories")?;
     workdir::check_podman_paths(&project, &podman_paths)?;
-    // The image checks are independent podman calls: run them at once (each costs ~0.1 s of podman
-    // start-up, which is most of a session's start time).
-    let (router_image, sandbox_image) = std::thread::scope(|s| {
-        let r = s.spawn(|| image_present(podman, &settings.router_image));
-        let i = image_present(podman, &settings.image);
-        (join(r), i)
-    });
+    let (router_image, sandbox_image) = if probes.images_present {
+        (Ok(true), Ok(true))
+    } else {
+        std::thread::scope(|s| {
+            let r = s.spawn(|| image_present(podman, &settings.router_image));
+            let i = image_present(podman, &settings.image);
+            (join(r), i)
+        })
+    };
     ensure_image(
         podman,
         router_image?,
@@ -157,11 +161,61 @@ fn check(podman: &Podman, settings: &Settings) -> anyhow::Result<Checked> {
         "AGENT_SANDBOX_IMAGE",
     )?;
     let user = sandbox_user(&host, &project, &settings.home)?;
-    Ok(Checked {
+    let checked = Checked {
         project,
         policy,
         user,
-    })
+    };
+    Ok((checked, probes.shared))
+}
+
+/// Read-only podman queries, made at once before any check decides: each podman call costs 20–200 ms
+/// of start-up, and in sequence they were a third of a session's start time. Nothing is created here.
+struct Probes {
+    /// `podman info --format json`.
+    info: Result<String, PodmanError>,
+    /// Whether both images are in local storage (false also when podman could not say: the images are
+    /// then checked one by one, with podman's error).
+    images_present: bool,
+    /// What the shared objects look like, for [`prepare_shared`].
+    shared: SharedProbes,
+}
+
+/// The shared objects as probed; an `Err` means missing or unknown, and [`prepare_shared`] takes the
+/// careful path (check, create, inspect) for it.
+struct SharedProbes {
+    /// `podman network ls` of session networks: every session object is created after its network and
+    /// removed before it, so a dead session always leaves its network behind.
+    session_networks: Result<String, PodmanError>,
+    /// `podman network inspect` of the egress network.
+    egress: Result<String, PodmanError>,
+    /// The home volume's mount point.
+    volume: Result<String, PodmanError>,
+}
+
+impl Probes {
+    fn gather(podman: &Podman, settings: &Settings) -> Probes {
+        std::thread::scope(|s| {
+            let info = s.spawn(|| podman.run(&args::info()));
+            let images = s.spawn(|| {
+                podman
+                    .run(&args::image_ids(&[&settings.router_image, &settings.image]))
+                    .is_ok()
+            });
+            let networks = s.spawn(|| podman.run(&args::network_ls_sessions()));
+            let egress = s.spawn(|| podman.run(&args::network_inspect(EGRESS_NETWORK)));
+            let volume = podman.run(&args::volume_mountpoint(&settings.home_volume));
+            Probes {
+                info: join(info),
+                images_present: join(images),
+                shared: SharedProbes {
+                    session_networks: join(networks),
+                    egress: join(egress),
+                    volume,
+                },
+            }
+        })
+    }
 }
 
 /// Who this launcher acts for, for the directory checks: the passwd home of the real uid and, under
@@ -207,11 +261,20 @@ fn prepare_shared(
     podman: &Podman,
     settings: &Settings,
     checked: &Checked,
+    probes: SharedProbes,
 ) -> anyhow::Result<Shared> {
     let (stale, resolvers, chown_home) = std::thread::scope(|s| {
-        let stale = s.spawn(|| remove_stale_sessions(podman));
-        let egress = s.spawn(|| ensure_egress_network(podman));
-        let volume = ensure_home_volume(podman, &settings.home_volume, checked.user.host_uid);
+        let stale = s.spawn(|| match &probes.session_networks {
+            Ok(listing) if !any_stale(listing)? => Ok(()),
+            _ => remove_stale_sessions(podman),
+        });
+        let egress = s.spawn(|| ensure_egress_network(podman, probes.egress));
+        let volume = ensure_home_volume(
+            podman,
+            &settings.home_volume,
+            checked.user.host_uid,
+            probes.volume,
+        );
         (join(stale), join(egress), volume)
     });
     stale?;
@@ -491,8 +554,8 @@ struct HostInfo {
 }
 
 /// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
-fn preflight(podman: &Podman) -> anyhow::Result<HostInfo> {
-    let info = podman.run(&args::info()).map_err(|e| {
+fn preflight(info: Result<String, PodmanError>) -> anyhow::Result<HostInfo> {
+    let info = info.map_err(|e| {
         if matches!(e, PodmanError::NotInstalled) {
             return anyhow::Error::new(e);
         }
@@ -661,7 +724,13 @@ fn passwd_lookup(uid: u32) -> Option<(String, PathBuf)> {
 /// gateway), which answers for the network's containers and forwards everything else to the host's
 /// resolvers. Naming it explicitly matters: the router's resolv.conf also lists the host's resolvers,
 /// which answer NXDOMAIN for names that only podman knows, and which one answers first is luck.
-fn ensure_egress_network(podman: &Podman) -> anyhow::Result<Vec<SocketAddr>> {
+fn ensure_egress_network(
+    podman: &Podman,
+    probed: Result<String, PodmanError>,
+) -> anyhow::Result<Vec<SocketAddr>> {
+    if let Ok(inspect) = probed {
+        return Ok(network_dns_servers(&inspect));
+    }
     if !podman.check(&args::network_exists(EGRESS_NETWORK))? {
         if let Err(e) = podman.run(&args::network_create_egress(EGRESS_NETWORK)) {
             if !podman.check(&args::network_exists(EGRESS_NETWORK))? {
@@ -693,15 +762,25 @@ fn network_dns_servers(inspect_json: &str) -> Vec<SocketAddr> {
 
 /// Creates the home volume unless it exists; returns whether it must be re-owned to `uid` on mount
 /// (podman's `:U` is recursive, so only when its top directory is not already theirs).
-fn ensure_home_volume(podman: &Podman, name: &str, uid: u32) -> anyhow::Result<bool> {
-    if !podman.check(&args::volume_exists(name))? {
-        if let Err(e) = podman.run(&args::volume_create(name)) {
+fn ensure_home_volume(
+    podman: &Podman,
+    name: &str,
+    uid: u32,
+    probed: Result<String, PodmanError>,
+) -> anyhow::Result<bool> {
+    let mountpoint = match probed {
+        Ok(mountpoint) => mountpoint,
+        Err(_) => {
             if !podman.check(&args::volume_exists(name))? {
-                return Err(e.into());
+                if let Err(e) = podman.run(&args::volume_create(name)) {
+                    if !podman.check(&args::volume_exists(name))? {
+                        return Err(e.into());
+                    }
+                }
             }
+            podman.run(&args::volume_mountpoint(name))?
         }
-    }
-    let mountpoint = podman.run(&args::volume_mountpoint(name))?;
+    };
     Ok(match fs::metadata(mountpoint.trim()) {
         Ok(meta) => meta.uid() != uid,
         // Not visible from here (another volume driver): let podman make it right.
@@ -962,6 +1041,14 @@ enum Kind {
     Network,
 }
 
+/// Whether a listing of session networks holds one whose launcher is gone.
+fn any_stale(networks_json: &str) -> anyhow::Result<bool> {
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    Ok(parse_listing(Kind::Network, networks_json)
+        .iter()
+        .any(|o| o.labels.contains_key(LABEL_SESSION) && !liveness::is_live(&o.labels, &boot)))
+}
+
 /// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
 /// networks). Objects of live sessions are never touched.
 fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
@@ -1100,6 +1187,30 @@ mod tests {
             assert_eq!(l[0].labels[LABEL_SESSION], "a");
         }
         assert!(parse_listing(Kind::Pod, "null").is_empty());
+    }
+
+    #[test]
+    fn a_session_network_of_a_dead_launcher_is_stale() {
+        let me = std::process::id();
+        let start = liveness::start_time(me).unwrap();
+        let boot = liveness::boot_id().unwrap();
+        let net = |pid: u32, start: u64| {
+            serde_json::json!([{"name": "agent-sandbox-a", "labels": {
+                LABEL_SESSION: "a",
+                crate::podman::LABEL_PID: pid.to_string(),
+                crate::podman::LABEL_START: start.to_string(),
+                crate::podman::LABEL_BOOT: boot,
+            }}])
+            .to_string()
+        };
+        assert!(
+            !any_stale(&net(me, start)).unwrap(),
+            "this process is alive"
+        );
+        assert!(any_stale(&net(me, start + 1)).unwrap(), "a reused pid");
+        assert!(!any_stale("[]").unwrap());
+        // Labels this version cannot read: not ours to judge live, so swept.
+        assert!(any_stale(r#"[{"name":"x","labels":{"agent-sandbox.session":"a"}}]"#).unwrap());
     }
 
     #[test]
