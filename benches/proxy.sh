@@ -180,32 +180,54 @@ pids_rss() { # sum VmRSS (KiB) of the given pids
 }
 nginx_pids() { pgrep -f "nginx.*$work/nginx-px.conf" ; pgrep -P "$(cat "$work/nginx-px.pid")"; }
 
-declare -A result
-for who in router nginx direct; do
-    ip=${target[$who]}
-    result[$who,https_keepalive]=$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)
-    proxy_pids=()
-    case $who in
-        router) proxy_pids=("$router_pid") ;;
-        nginx) mapfile -t proxy_pids < <(nginx_pids | sort -u) ;;
+# Each measure runs ROUNDS times (default 3), the contenders in a rotating order, and the median is
+# reported: one contender never always goes first (cold caches) or last (a warm machine), and a noisy
+# second on the shared cores moves one sample, not the result.
+rounds=${ROUNDS:-3}
+order=(router nginx direct)
+median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+declare -A samples
+add() { samples[$1]+="$2 "; }
+proxy_pids_of() { # who -> the proxy's pids (none for direct)
+    case $1 in
+        router) echo "$router_pid" ;;
+        nginx) nginx_pids | sort -u ;;
     esac
-    cpu_before=$(cpu_ticks "${proxy_pids[@]}")
-    result[$who,https_new]=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
-    cpu_after=$(cpu_ticks "${proxy_pids[@]}")
-    # The proxy's own CPU (user + system) per new connection, in microseconds: less sensitive to the
-    # load generator sharing the cores than the rate itself.
-    result[$who,https_new_cpu]=$(awk -v t="$((cpu_after - cpu_before))" -v hz="$(getconf CLK_TCK)" \
-        -v r="${result[$who,https_new]}" -v s="$secs" 'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s); else print "-" }')
-    perf_pid=
-    if [ -n "${PROFILE:-}" ] && [ "$who" = router ]; then
-        # PROFILE=FILE: a perf profile of the router during its new-HTTP-connections run.
-        perf record -F 999 -g -p "$router_pid" -o "$PROFILE" -- sleep "$secs" >/dev/null 2>&1 &
-        perf_pid=$!
-    fi
-    result[$who,http_new]=$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
-    [ -z "$perf_pid" ] || wait "$perf_pid" || true
-    bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
-    result[$who,bulk]=$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')
+}
+# The bulk file is read once first so no contender pays for the upstream's cold page cache.
+curl -s -o /dev/null --resolve "upstream.test:80:198.18.0.2" http://upstream.test/bulk
+for round in $(seq "$rounds"); do
+    for k in 0 1 2; do
+        who=${order[$(((round - 1 + k) % 3))]}
+        ip=${target[$who]}
+        add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
+        mapfile -t proxy_pids < <(proxy_pids_of "$who")
+        cpu_before=$(cpu_ticks "${proxy_pids[@]}")
+        rate=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+        cpu_after=$(cpu_ticks "${proxy_pids[@]}")
+        add "$who,https_new" "$rate"
+        # The proxy's own CPU (user + system) per new connection, in microseconds: less sensitive to the
+        # load generator sharing the cores than the rate itself.
+        if [ "$who" != direct ]; then
+            add "$who,https_new_cpu" "$(awk -v t="$((cpu_after - cpu_before))" -v hz="$(getconf CLK_TCK)" \
+                -v r="$rate" -v s="$secs" 'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }')"
+        fi
+        perf_pid=
+        if [ -n "${PROFILE:-}" ] && [ "$who" = router ] && [ "$round" = 1 ]; then
+            # PROFILE=FILE: a perf profile of the router during its first new-HTTP-connections run.
+            perf record -F 999 -g -p "$router_pid" -o "$PROFILE" -- sleep "$secs" >/dev/null 2>&1 &
+            perf_pid=$!
+        fi
+        add "$who,http_new" "$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)"
+        [ -z "$perf_pid" ] || wait "$perf_pid" || true
+        bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
+        add "$who,bulk" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
+    done
+done
+declare -A result
+for key in "${!samples[@]}"; do
+    # shellcheck disable=SC2086 # one sample per word
+    result[$key]=$(printf '%s\n' ${samples[$key]} | median)
 done
 
 # RSS idle (after the load, sockets closed) and with 1,000 open TLS connections.
@@ -263,8 +285,14 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
         r=${result[router,$m]} n=${result[nginx,$m]} d=${result[direct,$m]}
         echo "| $label | $r | $n | $d | $(ratio "$r" "$n") | $(ratio "$r" "$d") |"
     done
-    r=${result[router,https_new_cpu]} n=${result[nginx,https_new_cpu]}
+    r=${result[router,https_new_cpu]:--} n=${result[nginx,https_new_cpu]:--}
     echo "| proxy CPU per new HTTPS connection, µs (lower is better) | $r | $n | - | $(ratio "$r" "$n") | - |"
+    echo
+    echo "Medians of $rounds rounds of ${secs} s, the contenders in rotating order. Samples (router / nginx / direct):"
+    echo
+    for m in https_keepalive https_new http_new bulk https_new_cpu; do
+        echo "- $m: ${samples[router,$m]:-} / ${samples[nginx,$m]:-} / ${samples[direct,$m]:--}"
+    done
     echo
     echo "| RSS (KiB) | router | nginx + dnsmasq | router / (nginx + dnsmasq) |"
     echo "|---|---:|---:|---:|"

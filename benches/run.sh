@@ -75,14 +75,15 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo
     cat "$results/dns.txt"
     echo
-    echo "## TLS and HTTP: router vs nginx vs direct (${secs} s each)"
+    echo "## TLS and HTTP: router vs nginx vs direct"
     echo
     echo "Upstream: nginx in a network namespace over a veth pair. nginx as the proxy: stream"
     echo "\`ssl_preread\` on 443 and Host-routing \`proxy_pass http://\$host\` on 80, both dialling the name the"
     echo "client sent through a resolver (the design agent-sandbox replaces), access logs on like the router's"
     echo "connection log, plus dnsmasq for the sandbox's DNS (counted in its RSS). Each contender reaches the"
-    echo "upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next. The router runs with"
-    echo "\`--threads 1\` as in a session (ROUTER_THREADS=N to change), nginx with one worker per core."
+    echo "upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next. The router runs"
+    echo "one worker (\`--threads 1\`, as in a session; ROUTER_THREADS=N to change: on these 2 shared cores a"
+    echo "second worker costs more CPU per connection than it gains), nginx \`worker_processes auto\`."
     echo
     cat "$results/proxy.md"
     echo

@@ -226,9 +226,12 @@ pub(crate) async fn serve(
     }
 }
 
-/// Opens `count` UDP sockets on `addr` sharing the port (SO_REUSEPORT), so each core gets its own
+/// Opens `count` UDP sockets on `addr` sharing the port (SO_REUSEPORT), so each worker gets its own
 /// receive queue. With `addr` port 0, the first socket's port is reused by the others.
-pub(crate) fn bind_many(addr: SocketAddr, count: usize) -> std::io::Result<Vec<UdpSocket>> {
+pub(crate) fn bind_many(
+    addr: SocketAddr,
+    count: usize,
+) -> std::io::Result<Vec<std::net::UdpSocket>> {
     use socket2::{Domain, Protocol, Socket, Type};
     let mut sockets = Vec::with_capacity(count);
     let mut addr = addr;
@@ -244,7 +247,7 @@ pub(crate) fn bind_many(addr: SocketAddr, count: usize) -> std::io::Result<Vec<U
                 addr = bound;
             }
         }
-        sockets.push(UdpSocket::from_std(socket.into())?);
+        sockets.push(socket.into());
     }
     Ok(sockets)
 }

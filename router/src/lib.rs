@@ -2,9 +2,11 @@
 //!
 //! How it fits: the launcher writes a [`RouterConfig`](agent_sandbox_shared::RouterConfig) from the
 //! session plan and starts this binary on the session's internal network and the shared egress network;
-//! the standalone gateway builds the same configuration from flags ([`cli`]). [`bind`] opens every listener
-//! (so a bad address fails before anything is served), then [`run`] serves DNS ([`dns`]) and the TLS, HTTP
-//! and host:port listeners ([`proxy`]) until the shutdown token is cancelled.
+//! the standalone gateway builds the same configuration from flags ([`cli`]). [`bind_workers`] opens every
+//! listener once per worker (so a bad address fails before anything is served); each worker is a
+//! single-threaded runtime in which [`run_worker`] serves DNS ([`dns`]) and the TLS, HTTP and host:port
+//! listeners ([`proxy`]) until the shutdown token is cancelled. [`bind`] and [`run`] are the same for one
+//! worker in the caller's runtime.
 
 pub mod cli;
 pub mod dns;
@@ -20,6 +22,7 @@ use std::time::Duration;
 use agent_sandbox_shared::{HostName, ValidConfig};
 use anyhow::Context as _;
 use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -77,51 +80,113 @@ impl Listeners {
     }
 }
 
-/// Binds every listener of the configuration; the error names the address that failed.
+/// Binds every listener of the configuration for one runtime; the error names the address that failed.
 pub async fn bind(config: &ValidConfig) -> anyhow::Result<Listeners> {
-    let listen = &config.raw.listen;
-    let mut listeners = Listeners {
-        dns_udp: Vec::new(),
-        dns_tcp: None,
-        http: None,
-        https: None,
-        forwards: Vec::new(),
-    };
-    if let Some(addr) = listen.dns {
-        let (udp, tcp) = bind_dns(addr)?;
-        listeners.dns_udp = udp;
-        listeners.dns_tcp = Some(tcp);
-    }
-    if let Some(addr) = listen.http {
-        listeners.http =
-            Some(bind_tcp(addr).with_context(|| format!("cannot listen for HTTP on {addr}"))?);
-    }
-    if let Some(addr) = listen.https {
-        listeners.https =
-            Some(bind_tcp(addr).with_context(|| format!("cannot listen for TLS on {addr}"))?);
-    }
-    for (host, port, addr) in &config.forwards {
-        let l = bind_tcp(*addr)
-            .with_context(|| format!("cannot listen for the entry {host}:{port} on {addr}"))?;
-        listeners.forwards.push((host.clone(), *port, l));
-    }
-    Ok(listeners)
+    let mut sets = bind_workers(config, 1)?;
+    let set = sets.pop().expect("one set per worker");
+    set.register()
+        .context("cannot register the listeners with the runtime")
 }
 
-/// DNS sockets: one UDP socket per core sharing the port, and TCP on the same port. With port 0 (tests),
+/// The sockets of one worker, bound but not yet registered with a runtime: each worker runs its own
+/// single-threaded runtime, and a socket belongs to the runtime that registers it.
+#[derive(Debug)]
+pub struct WorkerSockets {
+    dns_udp: Vec<std::net::UdpSocket>,
+    dns_tcp: Option<std::net::TcpListener>,
+    http: Option<std::net::TcpListener>,
+    https: Option<std::net::TcpListener>,
+    forwards: Vec<(HostName, u16, std::net::TcpListener)>,
+}
+
+impl WorkerSockets {
+    /// Registers the sockets with the current runtime.
+    pub fn register(self) -> std::io::Result<Listeners> {
+        let tcp = |l: Option<std::net::TcpListener>| l.map(TcpListener::from_std).transpose();
+        Ok(Listeners {
+            dns_udp: self
+                .dns_udp
+                .into_iter()
+                .map(UdpSocket::from_std)
+                .collect::<Result<_, _>>()?,
+            dns_tcp: tcp(self.dns_tcp)?,
+            http: tcp(self.http)?,
+            https: tcp(self.https)?,
+            forwards: self
+                .forwards
+                .into_iter()
+                .map(|(h, p, l)| Ok((h, p, TcpListener::from_std(l)?)))
+                .collect::<std::io::Result<_>>()?,
+        })
+    }
+}
+
+/// Binds every listener of the configuration once per worker, before anything is served; the error
+/// names the address that failed. With several workers each TCP address gets one SO_REUSEPORT socket per
+/// worker, so the kernel spreads new connections over the workers (as nginx's `reuseport` does) and no
+/// worker steals another's; DNS over UDP gets one socket per worker, DNS over TCP is served by the first.
+/// A single worker gets plain sockets.
+pub fn bind_workers(config: &ValidConfig, workers: usize) -> anyhow::Result<Vec<WorkerSockets>> {
+    let workers = workers.max(1);
+    let listen = &config.raw.listen;
+    let mut sets: Vec<WorkerSockets> = (0..workers)
+        .map(|_| WorkerSockets {
+            dns_udp: Vec::new(),
+            dns_tcp: None,
+            http: None,
+            https: None,
+            forwards: Vec::new(),
+        })
+        .collect();
+    if let Some(addr) = listen.dns {
+        let (udp, tcp) = bind_dns(addr, workers)?;
+        for (i, socket) in udp.into_iter().enumerate() {
+            sets[i % workers].dns_udp.push(socket);
+        }
+        sets[0].dns_tcp = Some(tcp);
+    }
+    if let Some(addr) = listen.http {
+        for (set, l) in sets.iter_mut().zip(
+            bind_tcp_many(addr, workers)
+                .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
+        ) {
+            set.http = Some(l);
+        }
+    }
+    if let Some(addr) = listen.https {
+        for (set, l) in sets.iter_mut().zip(
+            bind_tcp_many(addr, workers)
+                .with_context(|| format!("cannot listen for TLS on {addr}"))?,
+        ) {
+            set.https = Some(l);
+        }
+    }
+    for (host, port, addr) in &config.forwards {
+        let ls = bind_tcp_many(*addr, workers)
+            .with_context(|| format!("cannot listen for the entry {host}:{port} on {addr}"))?;
+        for (set, l) in sets.iter_mut().zip(ls) {
+            set.forwards.push((host.clone(), *port, l));
+        }
+    }
+    Ok(sets)
+}
+
+/// DNS sockets: `count` UDP sockets sharing the port, and TCP on the same port. With port 0 (tests),
 /// TCP takes the port UDP was given; if another socket already has that TCP port, try another.
-fn bind_dns(addr: SocketAddr) -> anyhow::Result<(Vec<UdpSocket>, TcpListener)> {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+fn bind_dns(
+    addr: SocketAddr,
+    count: usize,
+) -> anyhow::Result<(Vec<std::net::UdpSocket>, std::net::TcpListener)> {
     let attempts = if addr.port() == 0 { 20 } else { 1 };
     let mut last_error = None;
     for _ in 0..attempts {
-        let udp = dns_udp::bind_many(addr, cores)
+        let udp = dns_udp::bind_many(addr, count)
             .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?;
         let tcp_addr = udp
             .first()
             .and_then(|s| s.local_addr().ok())
             .unwrap_or(addr);
-        match bind_tcp(tcp_addr) {
+        match bind_tcp(tcp_addr, false) {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(e) => last_error = Some((tcp_addr, e)),
         }
@@ -130,15 +195,33 @@ fn bind_dns(addr: SocketAddr) -> anyhow::Result<(Vec<UdpSocket>, TcpListener)> {
     Err(anyhow::Error::new(e).context(format!("cannot listen for DNS on {tcp_addr} (tcp)")))
 }
 
-/// A TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT) and a deep backlog.
-fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)
+/// `count` listeners on one address: SO_REUSEPORT when more than one (port 0 takes the port the first
+/// was given).
+fn bind_tcp_many(addr: SocketAddr, count: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let shared = count > 1;
+    let first = bind_tcp(addr, shared)?;
+    let addr = first.local_addr()?;
+    let mut out = vec![first];
+    for _ in 1..count {
+        out.push(bind_tcp(addr, shared)?);
+    }
+    Ok(out)
+}
+
+/// A non-blocking TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT), a deep
+/// backlog, and the options every accepted connection inherits (no Nagle delay, keepalive).
+fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    proxy::upstream::tune(socket2::SockRef::from(&socket))?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 /// Serves every listener until `shutdown` is cancelled, then stops within [`SHUTDOWN_GRACE`].
@@ -148,8 +231,21 @@ pub async fn run(
     stats: Arc<DnsStats>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
+    run_worker(config, listeners, stats, shutdown, limit).await
+}
+
+/// [`run`] for one of several workers: the connection cap `limit` is shared by all of them.
+pub async fn run_worker(
+    config: ValidConfig,
+    listeners: Listeners,
+    stats: Arc<DnsStats>,
+    shutdown: CancellationToken,
+    limit: Arc<Semaphore>,
+) -> anyhow::Result<()> {
     // Everything that can fail is set up before anything is served.
-    let proxy = Arc::new(proxy::Proxy::new(&config).context("cannot set up the proxy")?);
+    let proxy =
+        Arc::new(proxy::Proxy::with_limit(&config, limit).context("cannot set up the proxy")?);
     let mut tasks = JoinSet::new();
 
     let handler = Arc::new(dns::DnsHandler::new(&config, stats));
@@ -248,4 +344,27 @@ pub fn describe(config: &ValidConfig) -> String {
         raw.peek_timeout_secs, raw.connect_timeout_secs, raw.max_connections
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxy::upstream::{KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES, KEEPALIVE_TIME};
+
+    /// The per-connection options are set once on the listener: accepted sockets must inherit them.
+    #[tokio::test]
+    async fn accepted_connections_inherit_the_listener_options() {
+        let listener =
+            TcpListener::from_std(bind_tcp("127.0.0.1:0".parse().unwrap(), false).unwrap())
+                .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let sock = socket2::SockRef::from(&accepted);
+        assert!(sock.tcp_nodelay().unwrap(), "TCP_NODELAY");
+        assert!(sock.keepalive().unwrap(), "SO_KEEPALIVE");
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_TIME);
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_RETRIES);
+    }
 }

@@ -113,6 +113,12 @@ impl Proxy {
     /// check. Also raises the soft descriptor limit to the hard one: each relayed connection holds two
     /// sockets and two pipes.
     pub fn new(config: &ValidConfig) -> anyhow::Result<Proxy> {
+        let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
+        Proxy::with_limit(config, limit)
+    }
+
+    /// As [`Proxy::new`], with a connection cap shared with other workers' proxies.
+    pub fn with_limit(config: &ValidConfig, limit: Arc<Semaphore>) -> anyhow::Result<Proxy> {
         raise_fd_limit();
         let raw = &config.raw;
         let upstream = Upstream::new(
@@ -129,7 +135,7 @@ impl Proxy {
         Ok(Proxy {
             policy: config.policy.clone(),
             upstream,
-            limit: Arc::new(Semaphore::new(raw.max_connections.max(1))),
+            limit,
             peek_timeout: Duration::from_secs(raw.peek_timeout_secs.max(1)),
         })
     }
@@ -209,9 +215,10 @@ impl Proxy {
             match accepted {
                 Ok((stream, peer)) => {
                     backoff = Duration::from_millis(10);
-                    upstream::tune(&stream);
+                    // Debug level: the events a connection logs at info carry client and listener
+                    // themselves, and an enabled span costs work at every poll of every connection.
                     let span =
-                        tracing::info_span!("conn", client = %peer, listener = kind.as_str());
+                        tracing::debug_span!("conn", client = %peer, listener = kind.as_str());
                     let work = handler(Arc::clone(&self), stream, peer);
                     let stop = shutdown.clone();
                     tasks.spawn(

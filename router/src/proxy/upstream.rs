@@ -281,15 +281,24 @@ pub(crate) struct Upstream {
 }
 
 /// Socket options both legs get: no Nagle delay (the router adds no latency to small writes) and TCP
-/// keepalive, so a peer that vanished does not pin a connection slot for ever.
-pub(crate) fn tune(stream: &TcpStream) {
-    let _ = stream.set_nodelay(true);
+/// keepalive, so a peer that vanished does not pin a connection slot for ever. Set on each listening
+/// socket once (Linux copies them to every accepted socket) and on each upstream socket before it
+/// connects, not per connection after the fact.
+pub(crate) fn tune(socket: SockRef<'_>) -> std::io::Result<()> {
+    socket.set_tcp_nodelay(true)?;
     let ka = TcpKeepalive::new()
-        .with_time(Duration::from_secs(60))
-        .with_interval(Duration::from_secs(10))
-        .with_retries(6);
-    let _ = SockRef::from(stream).set_tcp_keepalive(&ka);
+        .with_time(KEEPALIVE_TIME)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    socket.set_tcp_keepalive(&ka)
 }
+
+/// Idle time before the first keepalive probe.
+pub(crate) const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+/// Time between keepalive probes.
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes before the connection is dropped.
+pub(crate) const KEEPALIVE_RETRIES: u32 = 6;
 
 impl Upstream {
     /// `resolvers` empty: the system configuration (/etc/resolv.conf and /etc/hosts).
@@ -409,10 +418,8 @@ async fn dial(addr: SocketAddr) -> std::io::Result<TcpStream> {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
-    socket.set_nodelay(true)?;
-    let stream = socket.connect(addr).await?;
-    tune(&stream);
-    Ok(stream)
+    tune(SockRef::from(&socket))?;
+    socket.connect(addr).await
 }
 
 #[cfg(test)]
