@@ -90,7 +90,12 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo "## Forwarder vs socat (\`socat TCP-LISTEN:…,fork,reuseaddr TCP:…\`)"
     echo
     echo '```'
-    grep -vE '^(\s*(Compiling|Finished|Running)|warning:)' "$results/forwarder.txt" | tail -n 30
+    # The measurements only (from the bench's own header on); the whole log if it never got that far.
+    if grep -q '^relay benchmark' "$results/forwarder.txt"; then
+        sed -n '/^relay benchmark/,$p' "$results/forwarder.txt"
+    else
+        tail -n 30 "$results/forwarder.txt"
+    fi
     echo '```'
     echo
     echo "## Images and start-up"

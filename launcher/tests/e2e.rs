@@ -375,7 +375,8 @@ fn rootless_user_mode() -> Mode {
             !want.is_empty(),
             "{image} is missing: run `make build` first"
         );
-        if id(Some(&mode)) != want {
+        let had = id(Some(&mode));
+        if had != want {
             eprintln!("loading {image} into {TEST_USER}'s storage");
             let mut save = Command::new("podman")
                 .args(["save", image])
@@ -390,6 +391,12 @@ fn rootless_user_mode() -> Mode {
                 .unwrap();
             assert!(save.wait().unwrap().success());
             assert!(load.status.success(), "podman load: {}", text(&load));
+            // The copy an earlier run loaded is superseded (and untagged) now: remove it rather than
+            // let every rebuild leave a copy of the images behind. Only this user's storage, which
+            // holds nothing but what this suite loaded; an image still in use stays.
+            if !had.is_empty() {
+                let _ = mode.podman(&["rmi", &had]);
+            }
         }
     }
     mode
