@@ -2,15 +2,12 @@
 //! to an exit status (0 ok, 1 bad input or runtime failure, 2 usage). The work is in the library.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use agent_sandbox_router::cli::{BuildError, Cli};
-use agent_sandbox_router::{bind_workers, describe, logging, run_worker, DnsStats, WorkerSockets};
-use agent_sandbox_shared::ValidConfig;
+use agent_sandbox_router::{bind_workers, describe, logging, serve_workers};
 use anyhow::Context as _;
 use clap::Parser;
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -44,123 +41,25 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
 
-    // nginx's model: one single-threaded event loop per worker, each accepting on its own SO_REUSEPORT
-    // sockets. A current-thread runtime drives I/O and every task from its own thread, with no
-    // cross-thread wake-ups or work stealing; measured, that costs less per connection than tokio's
-    // multi-threaded scheduler, at one worker and at several.
     let workers = cli.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, usize::from),
         usize::from,
     );
-    let sets = match bind_workers(&config, workers) {
-        Ok(s) => s,
-        Err(e) => {
-            error!("{e:#}");
-            return ExitCode::from(1);
-        }
-    };
-    let shutdown = CancellationToken::new();
-    let stats = Arc::new(DnsStats::default());
-    let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
-    let mut sets = sets.into_iter();
-    let Some(first) = sets.next() else {
-        error!("no worker sockets were bound");
-        return ExitCode::from(1);
-    };
-    let mut others = Vec::new();
-    let mut outcome: anyhow::Result<()> = Ok(());
-    for (i, set) in sets.enumerate() {
-        let (config, stats, stop, limit) = (
-            config.clone(),
-            Arc::clone(&stats),
-            shutdown.clone(),
-            Arc::clone(&limit),
-        );
-        let spawned = std::thread::Builder::new()
-            .name(format!("worker-{}", i + 1))
-            .spawn(move || worker(set, config, stats, stop, limit));
-        match spawned {
-            Ok(handle) => others.push(handle),
-            Err(e) => {
-                outcome = Err(anyhow::Error::new(e).context("cannot start a worker thread"));
-                shutdown.cancel();
-                break;
-            }
-        }
-    }
-    if outcome.is_ok() {
-        outcome = match runtime() {
-            Ok(runtime) => {
-                let served = runtime.block_on(async {
-                    // Signal handlers go in before readiness is reported, so a SIGTERM right after
-                    // the "listening on" lines is a clean shutdown rather than the default disposition.
-                    let signals =
-                        tokio::spawn(wait_for_signal(install_signals()?, shutdown.clone()));
-                    let listeners = first
-                        .register()
-                        .context("cannot register the listeners with the runtime")?;
-                    for (addr, proto) in listeners.addresses() {
-                        info!("listening on {addr} ({proto})");
-                    }
-                    let served =
-                        run_worker(config, listeners, stats, shutdown.clone(), limit).await;
-                    signals.abort();
-                    served
-                });
-                // Detached connection tasks must not hold the exit back past the grace period.
-                runtime.shutdown_background();
-                served
-            }
-            Err(e) => Err(e),
-        };
-    }
-    // Whatever ended this worker ends them all.
-    shutdown.cancel();
-    for handle in others {
-        let result = handle
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")));
-        if outcome.is_ok() {
-            outcome = result;
-        }
-    }
-    match outcome {
+    let served = bind_workers(&config, workers).and_then(|sets| {
+        serve_workers(config, sets, CancellationToken::new(), |shutdown| {
+            // Signal handlers go in before readiness is reported, so a SIGTERM right after the
+            // "listening on" lines is a clean shutdown rather than the default disposition.
+            tokio::spawn(wait_for_signal(install_signals()?, shutdown));
+            Ok(())
+        })
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
             ExitCode::from(1)
         }
     }
-}
-
-/// A single-threaded runtime for one worker.
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")
-}
-
-/// One worker besides the first: serves its sockets until `shutdown`; an error ends every worker.
-fn worker(
-    set: WorkerSockets,
-    config: ValidConfig,
-    stats: Arc<DnsStats>,
-    shutdown: CancellationToken,
-    limit: Arc<Semaphore>,
-) -> anyhow::Result<()> {
-    let runtime = runtime()?;
-    let served = runtime.block_on(async {
-        let listeners = set
-            .register()
-            .context("cannot register the listeners with the runtime")?;
-        run_worker(config, listeners, stats, shutdown.clone(), limit).await
-    });
-    runtime.shutdown_background();
-    if served.is_err() {
-        shutdown.cancel();
-    }
-    served
 }
 
 /// SIGTERM and SIGINT streams.
