@@ -49,6 +49,14 @@ pub const NO_IPV6: &[&str] = &[
 /// and the forwarder exit at once on SIGTERM; the sandboxed command gets a moment to save its state.
 pub const STOP_TIMEOUT_SECS: u32 = 3;
 
+/// The router's log (one line per connection and per refusal) is capped: an agent that floods the
+/// router with refused names must not fill the host's disk through podman's log file. conmon then keeps
+/// the latest part; the end-of-session report says so when the start of the log is gone.
+pub const ROUTER_LOG_MAX: &str = "32mb";
+
+/// The forwarder logs its listeners and its errors only.
+pub const FORWARDER_LOG_MAX: &str = "1mb";
+
 /// The labels every object of one session carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionLabels {
@@ -346,6 +354,8 @@ pub mod args {
             .arg("--read-only")
             .opt("--cap-drop", "ALL")
             .opt("--sysctl", "net.ipv4.ip_unprivileged_port_start=53")
+            .opt("--log-driver", "k8s-file")
+            .opt("--log-opt", format!("max-size={ROUTER_LOG_MAX}"))
             .opt("--security-opt", "no-new-privileges")
             .opt("--security-opt", "label=disable")
             .opt(
@@ -398,6 +408,8 @@ pub mod args {
             .arg("--read-only")
             .opt("--cap-drop", "ALL")
             .opt("--cap-add", "NET_BIND_SERVICE")
+            .opt("--log-driver", "k8s-file")
+            .opt("--log-opt", format!("max-size={FORWARDER_LOG_MAX}"))
             .opt("--security-opt", "no-new-privileges")
             .opt("--security-opt", "label=disable")
             .opt("--entrypoint", FORWARDER_PATH)
@@ -434,8 +446,12 @@ pub mod args {
         if let Some(entry) = &spec.passwd_entry {
             a.opt("--passwd-entry", entry);
         }
+        // The command's output goes to the launcher's terminal or pipes only: with a log driver, podman
+        // would also copy every byte (every redraw of a TUI) into a file in its storage for the whole
+        // session.
         a.arg("--pull=never")
             .args(NO_HOST_ENV)
+            .opt("--log-driver", "none")
             .arg("--init")
             .opt("--cap-drop", "ALL")
             .opt("--security-opt", "no-new-privileges")
@@ -803,6 +819,26 @@ mod tests {
                 assert!(has(&argv, &["--label", needle]), "{needle} in {argv:?}");
             }
         }
+    }
+
+    #[test]
+    fn logs_are_capped_and_the_command_output_is_not_stored() {
+        let router = strs(&router_run(&router()));
+        assert!(has(&router, &["--log-driver", "k8s-file"]), "{router:?}");
+        assert!(has(&router, &["--log-opt", "max-size=32mb"]), "{router:?}");
+        let forwarder = strs(&forwarder_run(&ForwarderSpec {
+            name: "f".into(),
+            labels: labels(),
+            pod: "p".into(),
+            image: "i".into(),
+            relays: vec![],
+        }));
+        assert!(
+            has(&forwarder, &["--log-opt", "max-size=1mb"]),
+            "{forwarder:?}"
+        );
+        let sandbox = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        assert!(has(&sandbox, &["--log-driver", "none"]), "{sandbox:?}");
     }
 
     #[test]

@@ -50,9 +50,21 @@ pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
     out
 }
 
-/// The report text, or `None` when nothing was refused.
+/// Whether the log lost its beginning: the router's log is capped, and conmon keeps the latest part once
+/// the cap is reached, so the start-up lines are gone.
 #[must_use]
-pub fn render(refused: &BTreeMap<String, Refused>, allowlist: &Path) -> Option<String> {
+pub fn truncated(log: &str) -> bool {
+    !log.lines().any(|l| l.contains("listening on "))
+}
+
+/// The report text, or `None` when nothing was refused. `truncated`: the counts cover only the latest
+/// part of the session.
+#[must_use]
+pub fn render(
+    refused: &BTreeMap<String, Refused>,
+    allowlist: &Path,
+    truncated: bool,
+) -> Option<String> {
     if refused.is_empty() {
         return None;
     }
@@ -70,6 +82,12 @@ pub fn render(refused: &BTreeMap<String, Refused>, allowlist: &Path) -> Option<S
             "  {name:<width$}  {} × ({})",
             r.count,
             r.kinds.join(", ")
+        );
+    }
+    if truncated {
+        let _ = writeln!(
+            text,
+            "(The router's log reached its size cap during the session: these counts cover its latest part.)"
         );
     }
     let _ = writeln!(
@@ -107,11 +125,14 @@ not json at all
         );
         assert_eq!(r["other.test"].count, 1);
         assert_eq!(r["(no name)"].kinds, ["tls"]);
+        assert!(!truncated(LOG));
         let text = render(
             &r,
             Path::new("/home/me/.config/agent-sandbox/allowed-hosts"),
+            truncated(LOG),
         )
         .unwrap();
+        assert!(!text.contains("size cap"), "{text}");
         assert!(text.contains("refused 5 requests for 3 names"), "{text}");
         assert!(text.contains("evil.example  3 × (dns, http)"), "{text}");
         assert!(text.contains("/home/me/.config/agent-sandbox/allowed-hosts"));
@@ -119,10 +140,22 @@ not json at all
 
     #[test]
     fn nothing_refused_prints_nothing() {
-        assert_eq!(render(&refusals(""), Path::new("/x")), None);
+        assert_eq!(render(&refusals(""), Path::new("/x"), false), None);
         assert_eq!(
-            render(&refusals(LOG.lines().next().unwrap()), Path::new("/x")),
+            render(
+                &refusals(LOG.lines().next().unwrap()),
+                Path::new("/x"),
+                false
+            ),
             None
         );
+    }
+
+    #[test]
+    fn a_log_cut_by_its_cap_is_said_to_be_partial() {
+        let cut: String = LOG.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        assert!(truncated(&cut));
+        let text = render(&refusals(&cut), Path::new("/x"), truncated(&cut)).unwrap();
+        assert!(text.contains("size cap"), "{text}");
     }
 }

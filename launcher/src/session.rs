@@ -484,7 +484,9 @@ fn report_refusals(podman: &Podman, router: &str, allowlist: &Path) {
     if let Ok(out) = podman.output(&args::logs(router)) {
         let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.push_str(&String::from_utf8_lossy(&out.stderr));
-        if let Some(text) = report::render(&report::refusals(&log), allowlist) {
+        if let Some(text) =
+            report::render(&report::refusals(&log), allowlist, report::truncated(&log))
+        {
             let _ = std::io::stderr().write_all(text.as_bytes());
         }
     }
