@@ -51,10 +51,17 @@ pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
 }
 
 /// Whether the log lost its beginning: the router's log is capped, and conmon keeps the latest part once
-/// the cap is reached, so the start-up lines are gone.
+/// the cap is reached, so the start-up events are gone. Only an event's message counts (a client's name
+/// in a refusal can be any text).
 #[must_use]
 pub fn truncated(log: &str) -> bool {
-    !log.lines().any(|l| l.contains("listening on "))
+    !log.lines().any(|line| {
+        serde_json::from_str::<serde_json::Value>(line.trim()).is_ok_and(|event| {
+            event["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("listening on "))
+        })
+    })
 }
 
 /// The report text, or `None` when nothing was refused. `truncated`: the counts cover only the latest
@@ -155,6 +162,12 @@ not json at all
     fn a_log_cut_by_its_cap_is_said_to_be_partial() {
         let cut: String = LOG.lines().skip(1).map(|l| format!("{l}\n")).collect();
         assert!(truncated(&cut));
+        // A refused name that reads like a start-up line does not make the log whole.
+        let spoof = format!(
+            "{cut}{}\n",
+            r#"{"fields":{"message":"refused","kind":"http","name":"listening on 10.0.0.1:80 (http)"}}"#
+        );
+        assert!(truncated(&spoof));
         let text = render(&refusals(&cut), Path::new("/x"), truncated(&cut)).unwrap();
         assert!(text.contains("size cap"), "{text}");
     }

@@ -184,8 +184,9 @@ struct Probes {
 /// The shared objects as probed; an `Err` means missing or unknown, and [`prepare_shared`] takes the
 /// careful path (check, create, inspect) for it.
 struct SharedProbes {
-    /// `podman network ls` of session networks: every session object is created after its network and
-    /// removed before it, so a dead session always leaves its network behind.
+    /// `podman network ls` of session networks: every session object (the session directory included)
+    /// is created after its network and removed before it, so a dead session always leaves its network
+    /// behind.
     session_networks: Result<String, PodmanError>,
     /// `podman network inspect` of the egress network.
     egress: Result<String, PodmanError>,
@@ -322,15 +323,16 @@ fn start(
     let base = format!("{NAME_PREFIX}{session}");
 
     let dir = session_dir(&session);
-    cleanup.dir = Some(dir.clone());
-    create_session_dir(&dir)?;
-
+    // The network first and the directory after it (and removed before it): a launcher killed at any
+    // point leaves its network behind, which the next start finds, and with it the directory.
     let network = base.clone();
     podman.run(&args::network_create_session(&NetworkSpec {
         name: network.clone(),
         labels: labels.clone(),
     }))?;
     cleanup.network = Some(network.clone());
+    cleanup.dir = Some(dir.clone());
+    create_session_dir(&dir)?;
     let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
     let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
@@ -1007,11 +1009,12 @@ impl Cleanup {
                 attempt("the router", args::rm(router));
             }
         });
-        if let Some(network) = self.network.take() {
-            attempt("the session network", args::network_rm(&network));
-        }
+        // The directory before the network (see `start`).
         if let Some(dir) = self.dir.take() {
             let _ = fs::remove_dir_all(dir);
+        }
+        if let Some(network) = self.network.take() {
+            attempt("the session network", args::network_rm(&network));
         }
     }
 }
@@ -1078,7 +1081,12 @@ fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
             "removing {} object(s) left by session {session}, whose launcher is gone",
             list.len()
         );
-        let mut cleanup = Cleanup::new(podman.clone());
+        // The session directory before the network, as in `Cleanup::run`: should this launcher die
+        // midway, the network is still there for the next start to find. The name comes from a label:
+        // only ever a session id of ours.
+        if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
+            let _ = fs::remove_dir_all(session_dir(&session));
+        }
         for o in list {
             let argv = match o.kind {
                 Kind::Pod => args::pod_rm(&o.name),
@@ -1092,11 +1100,6 @@ fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
                 Err(e) => say!("could not remove {}: {e}", o.name),
             }
         }
-        // The directory name comes from a label: only ever a session id of ours.
-        if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
-            cleanup.dir = Some(session_dir(&session));
-        }
-        cleanup.run();
     }
     Ok(())
 }

@@ -62,9 +62,9 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: Option<u64>,
 
-    /// Workers [default: one per core]: each is a thread with its own event loop and its own
-    /// SO_REUSEPORT listening sockets. A session's router serves one sandbox and runs with 1, leaving
-    /// the other cores to the sandbox itself.
+    /// Workers [default: one per core]: each is a thread with its own event loop and, when there are
+    /// several, its own SO_REUSEPORT listening sockets. A session's router serves one sandbox and runs
+    /// with 1, leaving the other cores to the sandbox itself.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
 

@@ -16,6 +16,7 @@ pub mod proxy;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,8 +125,13 @@ impl WorkerSockets {
 /// Binds every listener of the configuration once per worker, before anything is served; the error
 /// names the address that failed. With several workers each TCP address gets one SO_REUSEPORT socket per
 /// worker, so the kernel spreads new connections over the workers (as nginx's `reuseport` does) and no
-/// worker steals another's; DNS over UDP gets one socket per worker, DNS over TCP is served by the first.
-/// A single worker gets plain sockets.
+/// worker steals another's; a single worker gets plain TCP sockets. DNS over UDP gets one SO_REUSEPORT
+/// socket per worker; DNS over TCP is served by the first worker.
+///
+/// An address someone already holds is an error, SO_REUSEPORT or not: each shared address is first
+/// bound exclusively, so a second router (or anything else) on the same port is refused rather than
+/// joined, and connections are never split between two policies. (Linux lets a socket join a
+/// SO_REUSEPORT group only under the same effective uid anyway.)
 pub fn bind_workers(config: &ValidConfig, workers: usize) -> anyhow::Result<Vec<WorkerSockets>> {
     let workers = workers.max(1);
     let listen = &config.raw.listen;
@@ -178,6 +184,12 @@ fn bind_dns(
     count: usize,
 ) -> anyhow::Result<(Vec<std::net::UdpSocket>, std::net::TcpListener)> {
     let attempts = if addr.port() == 0 { 20 } else { 1 };
+    if addr.port() != 0 {
+        drop(
+            std::net::UdpSocket::bind(addr)
+                .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?,
+        );
+    }
     let mut last_error = None;
     for _ in 0..attempts {
         let udp = dns_udp::bind_many(addr, count)
@@ -199,6 +211,11 @@ fn bind_dns(
 /// was given).
 fn bind_tcp_many(addr: SocketAddr, count: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
     let shared = count > 1;
+    if shared && addr.port() != 0 {
+        // Exclusively first: a listener already on the address (another router's SO_REUSEPORT group
+        // included) makes this fail with EADDRINUSE instead of letting the group below join it.
+        drop(bind_tcp(addr, false)?);
+    }
     let first = bind_tcp(addr, shared)?;
     let addr = first.local_addr()?;
     let mut out = vec![first];
@@ -232,20 +249,23 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
-    run_worker(config, listeners, stats, shutdown, limit).await
+    run_worker(config, listeners, stats, shutdown, limit, || {}).await
 }
 
-/// [`run`] for one of several workers: the connection cap `limit` is shared by all of them.
+/// [`run`] for one of several workers: the connection cap `limit` is shared by all of them. `ready` is
+/// called once everything that can fail is set up, before anything is served.
 pub async fn run_worker(
     config: ValidConfig,
     listeners: Listeners,
     stats: Arc<DnsStats>,
     shutdown: CancellationToken,
     limit: Arc<Semaphore>,
+    ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     // Everything that can fail is set up before anything is served.
     let proxy =
         Arc::new(proxy::Proxy::with_limit(&config, limit).context("cannot set up the proxy")?);
+    ready();
     let mut tasks = JoinSet::new();
 
     let handler = Arc::new(dns::DnsHandler::new(&config, stats));
@@ -313,32 +333,37 @@ pub fn serve_workers(
     let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
     let mut sets = sets.into_iter();
     let first = sets.next().context("no worker sockets were bound")?;
+    // Each other worker reports here once it is set up; a worker that fails (or panics) first drops its
+    // sender without a word.
+    let (set_up, set_up_rx) = std::sync::mpsc::channel::<()>();
     let mut others = Vec::new();
     let mut outcome: anyhow::Result<()> = Ok(());
     for (i, set) in sets.enumerate() {
-        let (config, stats, stop, limit) = (
+        let (config, stats, stop, limit, set_up) = (
             config.clone(),
             Arc::clone(&stats),
             shutdown.clone(),
             Arc::clone(&limit),
+            set_up.clone(),
         );
         let spawned = std::thread::Builder::new()
             .name(format!("worker-{}", i + 1))
             .spawn(move || {
-                let served = worker_runtime().and_then(|runtime| {
+                // However this worker ends (error or panic included), every worker stops.
+                let _stop_all = stop.clone().drop_guard();
+                worker_runtime().and_then(|runtime| {
                     let served = runtime.block_on(async {
                         let listeners = set
                             .register()
                             .context("cannot register the listeners with the runtime")?;
-                        run_worker(config, listeners, stats, stop.clone(), limit).await
+                        run_worker(config, listeners, stats, stop, limit, move || {
+                            let _ = set_up.send(());
+                        })
+                        .await
                     });
                     runtime.shutdown_background();
                     served
-                });
-                if served.is_err() {
-                    stop.cancel();
-                }
-                served
+                })
             });
         match spawned {
             Ok(handle) => others.push(handle),
@@ -348,6 +373,9 @@ pub fn serve_workers(
             }
         }
     }
+    drop(set_up);
+    let workers = others.len();
+    let not_ready = Arc::new(AtomicBool::new(false));
     if outcome.is_ok() {
         outcome = worker_runtime().and_then(|runtime| {
             let served = runtime.block_on(async {
@@ -355,10 +383,25 @@ pub fn serve_workers(
                 let listeners = first
                     .register()
                     .context("cannot register the listeners with the runtime")?;
-                for (addr, proto) in listeners.addresses() {
-                    info!("listening on {addr} ({proto})");
-                }
-                run_worker(config, listeners, stats, shutdown.clone(), limit).await
+                let addresses = listeners.addresses();
+                let stop = shutdown.clone();
+                let not_ready = Arc::clone(&not_ready);
+                let report = move || {
+                    // Ready only when every worker is: the launcher starts the sandbox on these lines.
+                    let all =
+                        (0..workers).all(|_| set_up_rx.recv_timeout(WORKER_SETUP_TIMEOUT).is_ok());
+                    if !all {
+                        not_ready.store(true, Ordering::Relaxed);
+                        stop.cancel();
+                    }
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    for (addr, proto) in addresses {
+                        info!("listening on {addr} ({proto})");
+                    }
+                };
+                run_worker(config, listeners, stats, shutdown.clone(), limit, report).await
             });
             // Detached connection tasks must not hold the exit back past the grace period.
             runtime.shutdown_background();
@@ -375,8 +418,17 @@ pub fn serve_workers(
             outcome = result;
         }
     }
+    if outcome.is_ok() && not_ready.load(Ordering::Relaxed) {
+        outcome = Err(anyhow::anyhow!(
+            "a worker did not finish setting up within {} s",
+            WORKER_SETUP_TIMEOUT.as_secs()
+        ));
+    }
     outcome
 }
+
+/// How long the first worker waits for the others to be set up before it reports readiness.
+const WORKER_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A single-threaded runtime for one worker.
 fn worker_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -483,6 +535,30 @@ mod tests {
         let started = std::time::Instant::now();
         server.join().unwrap().unwrap();
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// Another process's SO_REUSEPORT group on the address (a second router, say) is not joined: the
+    /// router refuses to start rather than split connections with it.
+    #[test]
+    fn an_address_held_by_another_reuseport_group_is_refused() {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let held = |ty: Type, proto: Protocol| {
+            let s = Socket::new(Domain::IPV4, ty, Some(proto)).unwrap();
+            s.set_reuse_port(true).unwrap();
+            s.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+                .unwrap();
+            if ty == Type::STREAM {
+                s.listen(16).unwrap();
+            }
+            let addr = s.local_addr().unwrap().as_socket().unwrap();
+            (s, addr)
+        };
+        let (_tcp, addr) = held(Type::STREAM, Protocol::TCP);
+        let e = bind_tcp_many(addr, 2).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        let (_udp, addr) = held(Type::DGRAM, Protocol::UDP);
+        let e = bind_dns(addr, 2).unwrap_err();
+        assert!(format!("{e:#}").contains("Address already in use"), "{e:#}");
     }
 
     /// The per-connection options are set once on the listener: accepted sockets must inherit them.
