@@ -291,7 +291,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
     echo "Medians of $rounds rounds of ${secs} s, the contenders in rotating order. Samples (router / nginx / direct):"
     echo
     for m in https_keepalive https_new http_new bulk https_new_cpu; do
-        echo "- $m: ${samples[router,$m]:-} / ${samples[nginx,$m]:-} / ${samples[direct,$m]:--}"
+        r=${samples[router,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
+        echo "- $m: ${r% } / ${n% } / ${d% }"
     done
     echo
     echo "| RSS (KiB) | router | nginx + dnsmasq | router / (nginx + dnsmasq) |"
