@@ -4,9 +4,8 @@
 //! session plan and starts this binary on the session's internal network and the shared egress network;
 //! the standalone gateway builds the same configuration from flags ([`cli`]). [`bind_workers`] opens every
 //! listener once per worker (so a bad address fails before anything is served); each worker is a
-//! single-threaded runtime in which [`run_worker`] serves DNS ([`dns`]) and the TLS, HTTP and host:port
-//! listeners ([`proxy`]) until the shutdown token is cancelled. [`bind`] and [`run`] are the same for one
-//! worker in the caller's runtime.
+//! single-threaded runtime, and [`run`] serves DNS ([`dns`]) and the TLS, HTTP and host:port listeners
+//! ([`proxy`]) on all of them until the shutdown token is cancelled.
 
 pub mod cli;
 pub mod dns;
@@ -79,14 +78,6 @@ impl Listeners {
         }
         out
     }
-}
-
-/// Binds every listener of the configuration for one runtime; the error names the address that failed.
-pub async fn bind(config: &ValidConfig) -> anyhow::Result<Listeners> {
-    let mut sets = bind_workers(config, 1)?;
-    let set = sets.pop().expect("one set per worker");
-    set.register()
-        .context("cannot register the listeners with the runtime")
 }
 
 /// The sockets of one worker, bound but not yet registered with a runtime: each worker runs its own
@@ -241,20 +232,10 @@ fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::Tcp
     Ok(socket.into())
 }
 
-/// Serves every listener until `shutdown` is cancelled, then stops within [`SHUTDOWN_GRACE`].
-pub async fn run(
-    config: ValidConfig,
-    listeners: Listeners,
-    stats: Arc<DnsStats>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
-    run_worker(config, listeners, stats, shutdown, limit, || {}).await
-}
-
-/// [`run`] for one of several workers: the connection cap `limit` is shared by all of them. `ready` is
-/// called once everything that can fail is set up, before anything is served.
-pub async fn run_worker(
+/// One worker: serves its listeners until `shutdown` is cancelled, then stops within
+/// [`SHUTDOWN_GRACE`]. The connection cap `limit` is shared by all workers. `ready` is called once
+/// everything that can fail is set up, before anything is served.
+async fn run_worker(
     config: ValidConfig,
     listeners: Listeners,
     stats: Arc<DnsStats>,
@@ -323,7 +304,7 @@ pub async fn run_worker(
 /// wake-ups or work stealing: at one worker (a session's router) that measured 111 µs of router CPU per
 /// new TLS connection against 118 µs for tokio's multi-threaded scheduler with one worker thread, and at
 /// two workers on a 2-core machine no worse than two worker threads.
-pub fn serve_workers(
+pub fn run(
     config: ValidConfig,
     sets: Vec<WorkerSockets>,
     shutdown: CancellationToken,
@@ -351,19 +332,17 @@ pub fn serve_workers(
             .spawn(move || {
                 // However this worker ends (error or panic included), every worker stops.
                 let _stop_all = stop.clone().drop_guard();
-                worker_runtime().and_then(|runtime| {
-                    let served = runtime.block_on(async {
-                        let listeners = set
-                            .register()
-                            .context("cannot register the listeners with the runtime")?;
-                        run_worker(config, listeners, stats, stop, limit, move || {
-                            let _ = set_up.send(());
-                        })
-                        .await
-                    });
-                    runtime.shutdown_background();
-                    served
-                })
+                serve_worker(
+                    set,
+                    config,
+                    stats,
+                    stop,
+                    limit,
+                    || Ok(()),
+                    move |_| {
+                        let _ = set_up.send(());
+                    },
+                )
             });
         match spawned {
             Ok(handle) => others.push(handle),
@@ -377,36 +356,31 @@ pub fn serve_workers(
     let workers = others.len();
     let not_ready = Arc::new(AtomicBool::new(false));
     if outcome.is_ok() {
-        outcome = worker_runtime().and_then(|runtime| {
-            let served = runtime.block_on(async {
-                start(shutdown.clone())?;
-                let listeners = first
-                    .register()
-                    .context("cannot register the listeners with the runtime")?;
-                let addresses = listeners.addresses();
-                let stop = shutdown.clone();
-                let not_ready = Arc::clone(&not_ready);
-                let report = move || {
-                    // Ready only when every worker is: the launcher starts the sandbox on these lines.
-                    let all =
-                        (0..workers).all(|_| set_up_rx.recv_timeout(WORKER_SETUP_TIMEOUT).is_ok());
-                    if !all {
-                        not_ready.store(true, Ordering::Relaxed);
-                        stop.cancel();
-                    }
-                    if stop.is_cancelled() {
-                        return;
-                    }
-                    for (addr, proto) in addresses {
-                        info!("listening on {addr} ({proto})");
-                    }
-                };
-                run_worker(config, listeners, stats, shutdown.clone(), limit, report).await
-            });
-            // Detached connection tasks must not hold the exit back past the grace period.
-            runtime.shutdown_background();
-            served
-        });
+        let stop = shutdown.clone();
+        let not_ready = Arc::clone(&not_ready);
+        outcome = serve_worker(
+            first,
+            config,
+            stats,
+            shutdown.clone(),
+            limit,
+            || start(shutdown.clone()),
+            move |addresses| {
+                // Ready only when every worker is: the launcher starts the sandbox on these lines.
+                let all =
+                    (0..workers).all(|_| set_up_rx.recv_timeout(WORKER_SETUP_TIMEOUT).is_ok());
+                if !all {
+                    not_ready.store(true, Ordering::Relaxed);
+                    stop.cancel();
+                }
+                if stop.is_cancelled() {
+                    return;
+                }
+                for (addr, proto) in addresses {
+                    info!("listening on {addr} ({proto})");
+                }
+            },
+        );
     }
     // Whatever ended the first worker ends them all.
     shutdown.cancel();
@@ -429,6 +403,35 @@ pub fn serve_workers(
 
 /// How long the first worker waits for the others to be set up before it reports readiness.
 const WORKER_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One worker on a single-threaded runtime of its own: `start` runs in it first (the binary's signal
+/// handlers, for the first worker), then the sockets are registered and served; `ready` gets the
+/// listeners' addresses once the worker is set up.
+fn serve_worker(
+    set: WorkerSockets,
+    config: ValidConfig,
+    stats: Arc<DnsStats>,
+    shutdown: CancellationToken,
+    limit: Arc<Semaphore>,
+    start: impl FnOnce() -> anyhow::Result<()>,
+    ready: impl FnOnce(Vec<(SocketAddr, String)>),
+) -> anyhow::Result<()> {
+    let runtime = worker_runtime()?;
+    let served = runtime.block_on(async {
+        start()?;
+        let listeners = set
+            .register()
+            .context("cannot register the listeners with the runtime")?;
+        let addresses = listeners.addresses();
+        run_worker(config, listeners, stats, shutdown, limit, move || {
+            ready(addresses);
+        })
+        .await
+    });
+    // Detached connection tasks must not hold the exit back past the grace period.
+    runtime.shutdown_background();
+    served
+}
 
 /// A single-threaded runtime for one worker.
 fn worker_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -517,7 +520,7 @@ mod tests {
         let addr = addrs[0];
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        let server = std::thread::spawn(move || serve_workers(config, sets, stop, |_| Ok(())));
+        let server = std::thread::spawn(move || run(config, sets, stop, |_| Ok(())));
         // Many client ports, so both workers' sockets get connections.
         for i in 0..64 {
             let mut c = std::net::TcpStream::connect(addr).unwrap();

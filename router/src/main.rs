@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use agent_sandbox_router::cli::{BuildError, Cli};
-use agent_sandbox_router::{bind_workers, describe, logging, serve_workers};
+use agent_sandbox_router::{bind_workers, describe, logging, run};
 use anyhow::Context as _;
 use clap::Parser;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         usize::from,
     );
     let served = bind_workers(&config, workers).and_then(|sets| {
-        serve_workers(config, sets, CancellationToken::new(), |shutdown| {
+        run(config, sets, CancellationToken::new(), |shutdown| {
             // Signal handlers go in before readiness is reported, so a SIGTERM right after the
             // "listening on" lines is a clean shutdown rather than the default disposition.
             tokio::spawn(wait_for_signal(install_signals()?, shutdown));
