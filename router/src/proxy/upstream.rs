@@ -96,8 +96,10 @@ pub fn forbidden_reason(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static st
             } else if seg[..6] == [0; 6] {
                 // IPv4-compatible (deprecated): routes nowhere legitimate, and ::127.0.0.1 is a trick.
                 Some("IPv4-compatible IPv6")
-            } else if v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) {
-                Some("cloud metadata service (fd00:ec2::254)")
+            } else if seg[..4] == [0xfd00, 0x0ec2, 0, 0] {
+                // AWS's IPv6 platform prefix: IMDS at fd00:ec2::254, the DNS resolver at ::253 and the
+                // EKS pod identity agent at ::23, which hands out credentials. The whole /64 is AWS's.
+                Some("cloud metadata service (fd00:ec2::/64)")
             } else if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..3] == [0x64, 0xff9b, 1] {
                 // NAT64 (64:ff9b::/96, 64:ff9b:1::/48): a translator on the path turns the embedded IPv4
                 // address into a real destination, so that address is judged as if dialled directly.
@@ -459,6 +461,10 @@ mod tests {
             "192.0.0.192",
             "::ffff:100.100.100.200",
             "fd00:ec2::254",
+            "fd00:ec2::23",
+            "fd00:ec2::253",
+            "fd00:ec2::ffff:1",
+            "fd00:ec2:0:0:1234:5678:9abc:def0",
         ];
         for a in forbidden {
             let ip: IpAddr = a.parse().unwrap();
@@ -473,6 +479,8 @@ mod tests {
             "1.1.1.1",
             "2606:4700::1111",
             "fd00::1",
+            "fd00:ec2:0:1::1",
+            "fd00:ec3::23",
             "fec0::1",
             "::ffff:10.0.0.1",
             "64:ff9b::a00:1",
