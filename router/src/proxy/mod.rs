@@ -31,6 +31,7 @@
 
 pub mod http;
 pub mod relay;
+pub mod retry;
 pub mod tls;
 pub mod upstream;
 

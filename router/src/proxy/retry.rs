@@ -1,0 +1,316 @@
+//! TLS 1.3 HelloRetryRequest: the second ClientHello must name the same server as the first.
+//!
+//! How it fits: the TLS connection decides on the first ClientHello's SNI. A TLS 1.3 server that wants a
+//! different key share answers with a HelloRetryRequest (a ServerHello whose random is a fixed value,
+//! RFC 8446 §4.1.3), and the client then sends a second ClientHello. Were the router to splice right after
+//! the first hello, that second hello would pass unread: it could name another server (a front that routes
+//! by the last hello it saw) or carry Encrypted Client Hello. So the connection reads the upstream's first
+//! handshake message with [`ServerHelloWatch`] before splicing; on a retry it reads the client's second
+//! hello with [`SecondHello`] and splices only if its SNI is byte-for-byte the first one's and it carries no
+//! ECH. Everything read on either side is forwarded unchanged.
+
+use super::tls::{HelloError, HelloReader};
+
+/// The ServerHello.random that marks a HelloRetryRequest: SHA-256 of "HelloRetryRequest" (RFC 8446 §4.1.3).
+const HRR_RANDOM: [u8; 32] = [
+    0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c, 0x02, 0x1e, 0x65, 0xb8, 0x91,
+    0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb, 0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c,
+];
+
+/// Record content types (RFC 8446 §5.1).
+const CHANGE_CIPHER_SPEC: u8 = 20;
+const HANDSHAKE: u8 = 22;
+/// Handshake message type of a ServerHello.
+const SERVER_HELLO: u8 = 2;
+/// Handshake header (type, 24-bit length) + legacy_version + random: all the watch needs to see.
+const NEEDED: usize = 4 + 2 + 32;
+/// The most upstream bytes buffered before deciding; a ServerHello's opening fits in its first record.
+pub const MAX_SERVER_PEEK: usize = 32 * 1024;
+
+/// What the upstream's first handshake message says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerFirst {
+    /// A HelloRetryRequest: the client's second ClientHello must be checked.
+    RetryRequest,
+    /// Anything else (a ServerHello, an alert, a TLS 1.2 server, bytes that are not TLS): the upstream is
+    /// the allowed name's own server, so its answer is relayed as it is.
+    Other,
+}
+
+/// Reads the start of the upstream's reply until it is known whether it is a HelloRetryRequest.
+#[derive(Debug, Default)]
+pub struct ServerHelloWatch {
+    /// Every upstream byte so far (forwarded to the client unchanged).
+    raw: Vec<u8>,
+}
+
+impl ServerHelloWatch {
+    /// An empty watch.
+    #[must_use]
+    pub fn new() -> ServerHelloWatch {
+        ServerHelloWatch::default()
+    }
+
+    /// The upstream bytes received so far.
+    #[must_use]
+    pub fn buffered(&self) -> &[u8] {
+        &self.raw
+    }
+
+    /// Adds upstream bytes. `None`: more are needed.
+    pub fn push(&mut self, data: &[u8]) -> Option<ServerFirst> {
+        self.raw.extend_from_slice(data);
+        let decided = self.decide();
+        if decided.is_none() && self.raw.len() >= MAX_SERVER_PEEK {
+            // A ServerHello's first 38 bytes never need this much: not a TLS 1.3 retry.
+            return Some(ServerFirst::Other);
+        }
+        decided
+    }
+
+    /// Walks the handshake records received so far and concatenates the payloads until the first
+    /// message's opening is complete.
+    fn decide(&self) -> Option<ServerFirst> {
+        let mut opening = Vec::with_capacity(NEEDED);
+        let mut rest = self.raw.as_slice();
+        while opening.len() < NEEDED {
+            let Some(&kind) = rest.first() else {
+                return None;
+            };
+            if kind != HANDSHAKE {
+                return Some(ServerFirst::Other);
+            }
+            if rest.len() < 5 {
+                return None;
+            }
+            let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+            if len == 0 {
+                return Some(ServerFirst::Other);
+            }
+            let available = rest.len().saturating_sub(5).min(len);
+            let take = available.min(NEEDED - opening.len());
+            opening.extend_from_slice(&rest[5..5 + take]);
+            if available < len {
+                break;
+            }
+            rest = &rest[5 + len..];
+        }
+        if opening.first().is_some_and(|&t| t != SERVER_HELLO) {
+            return Some(ServerFirst::Other);
+        }
+        if opening.len() < NEEDED {
+            return None;
+        }
+        if opening[6..NEEDED] == HRR_RANDOM {
+            Some(ServerFirst::RetryRequest)
+        } else {
+            Some(ServerFirst::Other)
+        }
+    }
+}
+
+/// Why a second ClientHello was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RetryError {
+    /// The second hello could not be read (or carried ECH).
+    #[error("second ClientHello after HelloRetryRequest: {0}")]
+    Hello(#[from] HelloError),
+    /// The second hello names another server than the first.
+    #[error("second ClientHello after HelloRetryRequest names another server")]
+    OtherName,
+    /// Something other than one ChangeCipherSpec record came before the second hello.
+    #[error("unexpected record before the second ClientHello")]
+    UnexpectedRecord,
+}
+
+/// Reads the client's second ClientHello (after a HelloRetryRequest), skipping the one dummy
+/// ChangeCipherSpec record a middlebox-compatible client sends first (RFC 8446 Appendix D.4).
+#[derive(Debug)]
+pub struct SecondHello {
+    /// The first hello's SNI, raw.
+    first_sni: Vec<u8>,
+    /// Every client byte so far (forwarded unchanged on acceptance).
+    raw: Vec<u8>,
+    /// Bytes of `raw` already given to `hello` (the CCS record is not).
+    consumed: usize,
+    /// Whether the ChangeCipherSpec record was seen.
+    seen_ccs: bool,
+    /// The reassembly of the second hello proper.
+    hello: HelloReader,
+}
+
+impl SecondHello {
+    /// A reader expecting a second hello that names `first_sni`.
+    #[must_use]
+    pub fn new(first_sni: Vec<u8>) -> SecondHello {
+        SecondHello {
+            first_sni,
+            raw: Vec::new(),
+            consumed: 0,
+            seen_ccs: false,
+            hello: HelloReader::new(),
+        }
+    }
+
+    /// The client bytes received so far.
+    #[must_use]
+    pub fn buffered(&self) -> &[u8] {
+        &self.raw
+    }
+
+    /// Adds client bytes. `Ok(false)`: more are needed; `Ok(true)`: the second hello is acceptable.
+    pub fn push(&mut self, data: &[u8]) -> Result<bool, RetryError> {
+        self.raw.extend_from_slice(data);
+        if !self.seen_ccs && self.consumed == 0 {
+            let rest = &self.raw[..];
+            match rest.first() {
+                None => return Ok(false),
+                Some(&CHANGE_CIPHER_SPEC) => {
+                    if rest.len() < 6 {
+                        return Ok(false);
+                    }
+                    // Exactly the dummy record: type 20, TLS 1.2 version, length 1, value 1.
+                    if rest[1..6] != [0x03, 0x03, 0x00, 0x01, 0x01] {
+                        return Err(RetryError::UnexpectedRecord);
+                    }
+                    self.seen_ccs = true;
+                    self.consumed = 6;
+                }
+                Some(_) => {}
+            }
+        }
+        if self.consumed == self.raw.len() {
+            return Ok(false);
+        }
+        let fresh = self.raw[self.consumed..].to_vec();
+        self.consumed = self.raw.len();
+        match self.hello.push(&fresh)? {
+            None => Ok(false),
+            Some(sni) if sni == self.first_sni => Ok(true),
+            Some(_) => Err(RetryError::OtherName),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::tls::build;
+
+    /// A ServerHello handshake record with `random`.
+    fn server_hello(random: &[u8; 32]) -> Vec<u8> {
+        let mut body = vec![0x03, 0x03];
+        body.extend_from_slice(random);
+        body.extend_from_slice(&[0x00, 0x13, 0x01, 0x00, 0x00, 0x00]);
+        let mut hs = vec![SERVER_HELLO, 0, 0, u8::try_from(body.len()).unwrap()];
+        hs.extend_from_slice(&body);
+        build::records(&hs, 16384)
+    }
+
+    fn watch(bytes: &[u8], step: usize) -> Option<ServerFirst> {
+        let mut w = ServerHelloWatch::new();
+        for chunk in bytes.chunks(step) {
+            if let Some(d) = w.push(chunk) {
+                return Some(d);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn retry_requests_are_recognised_however_split() {
+        let hrr = server_hello(&HRR_RANDOM);
+        let plain = server_hello(&[7; 32]);
+        for step in [1, 2, 5, 6, 37, 1000] {
+            assert_eq!(watch(&hrr, step), Some(ServerFirst::RetryRequest), "{step}");
+            assert_eq!(watch(&plain, step), Some(ServerFirst::Other), "{step}");
+        }
+        // A ServerHello fragmented over several handshake records.
+        let mut hs = vec![SERVER_HELLO, 0, 0, 40, 0x03, 0x03];
+        hs.extend_from_slice(&HRR_RANDOM);
+        hs.extend_from_slice(&[0; 6]);
+        assert_eq!(
+            watch(&build::records(&hs, 3), 4),
+            Some(ServerFirst::RetryRequest)
+        );
+    }
+
+    #[test]
+    fn other_first_messages_are_not_retries() {
+        // An alert, garbage, an empty record, another handshake message.
+        assert_eq!(watch(&[21, 3, 3, 0, 2, 2, 40], 1), Some(ServerFirst::Other));
+        assert_eq!(watch(b"HTTP/1.1 400", 1), Some(ServerFirst::Other));
+        assert_eq!(watch(&[22, 3, 3, 0, 0], 5), Some(ServerFirst::Other));
+        assert_eq!(
+            watch(&build::records(&[11, 0, 0, 40], 100), 1),
+            Some(ServerFirst::Other)
+        );
+        // Incomplete: undecided.
+        assert_eq!(watch(&server_hello(&HRR_RANDOM)[..20], 1), None);
+    }
+
+    fn second(first: &[u8], bytes: &[u8], step: usize) -> Result<bool, RetryError> {
+        let mut s = SecondHello::new(first.to_vec());
+        let mut last = Ok(false);
+        for chunk in bytes.chunks(step) {
+            last = s.push(chunk);
+            if !matches!(last, Ok(false)) {
+                return last;
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn second_hello_must_name_the_same_server() {
+        let same = build::hello_record(&[b"a.example"], 0);
+        let other = build::hello_record(&[b"b.example"], 0);
+        let mut with_ccs = vec![20, 3, 3, 0, 1, 1];
+        with_ccs.extend_from_slice(&same);
+        let mut other_with_ccs = vec![20, 3, 3, 0, 1, 1];
+        other_with_ccs.extend_from_slice(&other);
+        for step in [1, 3, 6, 7, 4096] {
+            assert_eq!(second(b"a.example", &same, step), Ok(true), "{step}");
+            assert_eq!(second(b"a.example", &with_ccs, step), Ok(true), "{step}");
+            assert_eq!(
+                second(b"a.example", &other, step),
+                Err(RetryError::OtherName)
+            );
+            assert_eq!(
+                second(b"a.example", &other_with_ccs, step),
+                Err(RetryError::OtherName)
+            );
+        }
+        // Case or a trailing dot make another name here: a client repeats its hello's SNI exactly.
+        assert_eq!(second(b"A.example", &same, 9), Err(RetryError::OtherName));
+    }
+
+    #[test]
+    fn second_hello_with_ech_or_odd_records_is_refused() {
+        let ech = build::extension(0xfe0d, &[0; 8]);
+        let mut exts = build::sni_extension(&[b"a.example"]);
+        exts.extend_from_slice(&ech);
+        let hello = build::records(&build::client_hello(Some(&exts)), 16384);
+        assert_eq!(
+            second(b"a.example", &hello, 5),
+            Err(RetryError::Hello(HelloError::EncryptedHello))
+        );
+        // A CCS record of another shape, two CCS records, application data.
+        let mut bad = vec![20, 3, 3, 0, 1, 2];
+        bad.extend_from_slice(&build::hello_record(&[b"a.example"], 0));
+        assert_eq!(
+            second(b"a.example", &bad, 1),
+            Err(RetryError::UnexpectedRecord)
+        );
+        let mut two = vec![20, 3, 3, 0, 1, 1, 20, 3, 3, 0, 1, 1];
+        two.extend_from_slice(&build::hello_record(&[b"a.example"], 0));
+        assert_eq!(
+            second(b"a.example", &two, 100),
+            Err(RetryError::Hello(HelloError::NotTls))
+        );
+        assert_eq!(
+            second(b"a.example", &[23, 3, 3, 0, 1, 0], 100),
+            Err(RetryError::Hello(HelloError::NotTls))
+        );
+    }
+}
