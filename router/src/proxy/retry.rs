@@ -74,10 +74,7 @@ impl ServerHelloWatch {
         let mut opening = Vec::with_capacity(NEEDED);
         let mut rest = self.raw.as_slice();
         while opening.len() < NEEDED {
-            let Some(&kind) = rest.first() else {
-                return None;
-            };
-            if kind != HANDSHAKE {
+            if *rest.first()? != HANDSHAKE {
                 return Some(ServerFirst::Other);
             }
             if rest.len() < 5 {
