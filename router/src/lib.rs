@@ -12,6 +12,7 @@ pub mod dns;
 mod dns_udp;
 pub mod logging;
 pub mod proxy;
+pub mod refusals;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
