@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod dns;
 mod dns_udp;
+pub mod fairness;
 pub mod logging;
 pub mod proxy;
 pub mod refusals;

@@ -1,0 +1,195 @@
+//! Per-client bounds for a gateway with many clients: connections held at once, and names resolved under
+//! wildcard entries per minute.
+//!
+//! How it fits: both are shared by every worker (one `Arc` each, built at start-up) and asked once per
+//! connection, after `accept` and before anything is read from the client. A client is its source
+//! address. [`ClientSlots`] stops one client holding idle or half-sent connections from using up the
+//! global cap that everyone's answers wait on; [`WildcardBudget`] bounds the data channel that names under
+//! a wildcard entry open: the client chooses the labels, and resolving them sends them to the upstream DNS
+//! servers.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Connections each client holds at once, shared by all workers.
+#[derive(Debug)]
+pub struct ClientSlots {
+    /// The most connections one client may hold.
+    per_client: u32,
+    /// Connections held, per client; a client at zero is removed, so the map holds only clients with a
+    /// connection open (bounded by the global connection cap).
+    held: Mutex<HashMap<IpAddr, u32>>,
+}
+
+/// One connection's slot; dropping it gives the slot back.
+#[derive(Debug)]
+pub struct ClientSlot {
+    /// Where the slot is counted.
+    slots: Arc<ClientSlots>,
+    /// Whose slot it is.
+    client: IpAddr,
+}
+
+impl ClientSlots {
+    /// Slots of at most `per_client` connections per client.
+    #[must_use]
+    pub fn new(per_client: u32) -> Arc<ClientSlots> {
+        Arc::new(ClientSlots {
+            per_client,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for `client`, or `None` when it already holds its cap.
+    #[must_use]
+    pub fn try_take(self: &Arc<Self>, client: IpAddr) -> Option<ClientSlot> {
+        let client = canonical(client);
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = held.entry(client).or_insert(0);
+        if *n >= self.per_client {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            slots: Arc::clone(self),
+            client,
+        })
+    }
+
+    /// Connections `client` holds now.
+    #[must_use]
+    pub fn held_by(&self, client: IpAddr) -> u32 {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.get(&canonical(client)).copied().unwrap_or(0)
+    }
+
+    /// Clients with at least one connection.
+    #[must_use]
+    pub fn clients(&self) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .slots
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// An IPv4 client connecting over an IPv6 socket (`::ffff:a.b.c.d`) is the same client as over IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+/// The window [`WildcardBudget`] counts in.
+pub const BUDGET_WINDOW: Duration = Duration::from_secs(60);
+
+/// Clients tracked before windows that have ended are swept out.
+const SWEEP_AT: usize = 4096;
+
+/// Names under wildcard entries each client may have resolved per minute (lookups that the resolver
+/// cache did not answer), shared by all workers.
+#[derive(Debug)]
+pub struct WildcardBudget {
+    /// Lookups allowed per client per window.
+    per_window: u32,
+    /// Each client's current window: when it began and how many lookups it has used.
+    used: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+}
+
+impl WildcardBudget {
+    /// A budget of `per_minute` lookups per client per minute.
+    #[must_use]
+    pub fn new(per_minute: u32) -> Arc<WildcardBudget> {
+        Arc::new(WildcardBudget {
+            per_window: per_minute,
+            used: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Spends one lookup of `client`'s budget at `now`; `false` when the budget is used up.
+    #[must_use]
+    pub fn spend(&self, client: IpAddr, now: Instant) -> bool {
+        let client = canonical(client);
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        if used.len() >= SWEEP_AT {
+            used.retain(|_, (start, _)| now.duration_since(*start) < BUDGET_WINDOW);
+        }
+        let slot = used.entry(client).or_insert((now, 0));
+        if now.duration_since(slot.0) >= BUDGET_WINDOW {
+            *slot = (now, 0);
+        }
+        if slot.1 >= self.per_window {
+            return false;
+        }
+        slot.1 += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_capped_per_client_and_given_back() {
+        let slots = ClientSlots::new(2);
+        let a: IpAddr = "198.18.0.1".parse().unwrap();
+        let b: IpAddr = "198.18.0.2".parse().unwrap();
+        let s1 = slots.try_take(a).unwrap();
+        let s2 = slots.try_take(a).unwrap();
+        assert!(slots.try_take(a).is_none());
+        // The IPv4-mapped form is the same client.
+        assert!(slots
+            .try_take("::ffff:198.18.0.1".parse().unwrap())
+            .is_none());
+        let other = slots.try_take(b).unwrap();
+        drop(s1);
+        assert_eq!(slots.held_by(a), 1);
+        let s3 = slots.try_take(a).unwrap();
+        drop((s2, s3, other));
+        assert_eq!(slots.clients(), 0);
+    }
+
+    #[test]
+    fn budget_per_client_per_minute() {
+        let budget = WildcardBudget::new(3);
+        let a: IpAddr = "198.18.0.1".parse().unwrap();
+        let b: IpAddr = "198.18.0.2".parse().unwrap();
+        let t0 = Instant::now();
+        assert!((0..3).all(|_| budget.spend(a, t0)));
+        assert!(!budget.spend(a, t0 + Duration::from_secs(59)));
+        assert!(budget.spend(b, t0));
+        assert!(budget.spend(a, t0 + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn budget_map_is_swept() {
+        let budget = WildcardBudget::new(1);
+        let t0 = Instant::now();
+        for i in 0..SWEEP_AT as u32 {
+            assert!(budget.spend(IpAddr::from(i.to_be_bytes()), t0));
+        }
+        let later = t0 + BUDGET_WINDOW;
+        assert!(budget.spend("198.18.0.9".parse().unwrap(), later));
+        assert_eq!(budget.used.lock().unwrap().len(), 1);
+    }
+}
