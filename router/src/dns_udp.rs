@@ -139,7 +139,12 @@ fn parse(packet: &[u8]) -> Result<Question, Malformed> {
 }
 
 /// Writes the reply to `packet` into `out`; returns false when nothing is to be sent.
-fn respond(handler: &DnsHandler, packet: &[u8], client: SocketAddr, out: &mut Vec<u8>) -> bool {
+pub(crate) fn respond(
+    handler: &DnsHandler,
+    packet: &[u8],
+    client: SocketAddr,
+    out: &mut Vec<u8>,
+) -> bool {
     out.clear();
     let question = match parse(packet) {
         Ok(q) => q,

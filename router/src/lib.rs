@@ -9,6 +9,8 @@
 
 pub mod cli;
 pub mod dns;
+#[allow(dead_code)] // TEMPORARY: wired into the listeners with the shared accept loop (issue 13)
+mod dns_tcp;
 mod dns_udp;
 pub mod fairness;
 pub mod logging;
