@@ -21,14 +21,14 @@ use crate::dns::DnsHandler;
 use crate::dns_udp::respond;
 
 /// The most queries answered on one connection.
-pub const MAX_QUERIES: u32 = 100;
+pub(crate) const MAX_QUERIES: u32 = 100;
 
 /// The longest a connection is kept, however busy.
-pub const MAX_LIFETIME: Duration = Duration::from_secs(60);
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(60);
 
 /// Why a DNS-over-TCP connection ended (for the debug log and tests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum End {
+pub(crate) enum End {
     /// The client closed it between queries.
     Closed,
     /// No complete query within the idle time.
@@ -44,7 +44,7 @@ pub enum End {
 }
 
 /// Serves one DNS-over-TCP connection until one of the [`End`]s.
-pub async fn serve_connection(
+pub(crate) async fn serve_connection(
     mut stream: TcpStream,
     client: SocketAddr,
     handler: &DnsHandler,
