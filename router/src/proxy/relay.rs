@@ -12,6 +12,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -246,4 +247,59 @@ pub(crate) async fn relay(
         }
     }
     Ok(())
+}
+
+/// Resolves once no byte has moved in either direction (the `up` and `down` counters a relay advances)
+/// for `limit`; a relay `select!`s on it to close idle connections. It looks every quarter of `limit`,
+/// so it resolves between `limit` and 1.25 × `limit` after the last byte, and an active connection
+/// costs one timer wake-up per quarter: nothing per byte.
+#[allow(dead_code)] // TEMPORARY: wired into the connections with --idle-timeout (issue 13)
+pub(crate) async fn idle(up: &AtomicU64, down: &AtomicU64, limit: Duration) {
+    let tick = (limit / 4).max(Duration::from_millis(10));
+    let total = || {
+        up.load(Ordering::Relaxed)
+            .wrapping_add(down.load(Ordering::Relaxed))
+    };
+    let mut seen = total();
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = tokio::time::Instant::now();
+        let current = total();
+        if current != seen {
+            seen = current;
+            quiet_since = now;
+        } else if now.duration_since(quiet_since) >= limit {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_resolves_after_quiet_and_not_while_bytes_move() {
+        let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+        let limit = Duration::from_secs(100);
+        let start = tokio::time::Instant::now();
+        let busy = async {
+            // A byte every 60 s for 10 minutes: never 100 s quiet.
+            for _ in 0..10 {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                down.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        tokio::select! {
+            () = idle(&up, &down, limit) => panic!("closed while active"),
+            () = busy => {}
+        }
+        let quiet_from = tokio::time::Instant::now();
+        idle(&up, &down, limit).await;
+        let waited = quiet_from.duration_since(start);
+        assert!(waited >= Duration::from_secs(600));
+        let quiet = tokio::time::Instant::now().duration_since(quiet_from);
+        assert!(quiet >= limit && quiet <= limit + limit / 4, "{quiet:?}");
+    }
 }
