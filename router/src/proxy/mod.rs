@@ -29,6 +29,7 @@
 //! is routed; the router's DNS hands out no HTTPS/SVCB records, so clients get no ECH configurations from
 //! it.
 
+pub mod cache;
 pub mod http;
 pub mod relay;
 pub mod retry;
