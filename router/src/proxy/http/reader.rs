@@ -453,7 +453,23 @@ mod tests {
         for end in ends {
             let prefix = &bytes[..end];
             let got = reader.parse(prefix);
-            prop_assert_eq!(&got, &whole_buffer(prefix), "prefix {:?}", String::from_utf8_lossy(prefix));
+            prop_assert_eq!(
+                &got,
+                &whole_buffer(prefix),
+                "prefix {:?}",
+                String::from_utf8_lossy(prefix)
+            );
+            if reader.syntax.is_done() && reader.hygiene.verdict().is_ok() {
+                // The tracker asks httparse only when it has its answer (else the reader is correct
+                // but no longer linear).
+                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                let status = httparse::Request::new(&mut headers).parse(prefix);
+                prop_assert!(
+                    !matches!(status, Ok(httparse::Status::Partial)),
+                    "{:?}",
+                    String::from_utf8_lossy(prefix)
+                );
+            }
             if !matches!(got, Ok(None)) {
                 break;
             }
@@ -464,42 +480,168 @@ mod tests {
     /// Pieces heads are made of, right and wrong, so that random sequences of them reach every state of
     /// the grammar and every hygiene check.
     const PIECES: &[&str] = &[
-        "GET", "POST", "OPTIONS", "CONNECT", "get", "G(T", "PRI * HTTP/2.0\r\n", "PRI", " ", "  ", "\t",
-        "/", "/a?b=c", "*", "http://a.com", "http://a.com:80/x", "http://b@a.com/", "HTTP/1.1",
-        "HTTP/1.0", "HTTP/1.", "HTTP/1.2", "HTTP/2.0", "HTTP", "\r\n", "\r\n\r\n", "\r", "\n", "Host",
-        "host", "Host: a.com", ":", ": ", " :", "a.com", "Content-Length: 5", "Transfer-Encoding: chunked",
-        "Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Version: 13",
-        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "X-Forwarded-Host: b", "\x01", "\x7f", "\0",
-        "\u{e9}", "(", ",", "@", "#", "\\", "\"", "x", "1",
+        "GET",
+        "POST",
+        "OPTIONS",
+        "CONNECT",
+        "get",
+        "G(T",
+        "PRI * HTTP/2.0\r\n",
+        "PRI",
+        " ",
+        "  ",
+        "\t",
+        "/",
+        "/a?b=c",
+        "*",
+        "http://a.com",
+        "http://a.com:80/x",
+        "http://b@a.com/",
+        "HTTP/1.1",
+        "HTTP/1.0",
+        "HTTP/1.",
+        "HTTP/1.2",
+        "HTTP/2.0",
+        "HTTP",
+        "\r\n",
+        "\r\n\r\n",
+        "\r",
+        "\n",
+        "Host",
+        "host",
+        "Host: a.com",
+        ":",
+        ": ",
+        " :",
+        "a.com",
+        "Content-Length: 5",
+        "Transfer-Encoding: chunked",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Version: 13",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "X-Forwarded-Host: b",
+        "\x01",
+        "\x7f",
+        "\0",
+        "\u{e9}",
+        "(",
+        ",",
+        "@",
+        "#",
+        "\\",
+        "\"",
+        "x",
+        "1",
     ];
 
-    /// A head as pieces, or a valid head with a few bytes changed.
-    fn head_bytes() -> impl Strategy<Value = Vec<u8>> {
-        let pieces = proptest::collection::vec(proptest::sample::select(PIECES), 0..40)
-            .prop_map(|p| p.concat().into_bytes());
-        let mutated = (
-            proptest::collection::vec(
-                (any::<prop::sample::Index>(), proptest::sample::select(PIECES)),
-                0..4,
-            ),
-            0usize..3,
+    /// A choice of the listed texts.
+    fn one_of(texts: &'static [&'static str]) -> impl Strategy<Value = &'static str> {
+        proptest::sample::select(texts)
+    }
+
+    /// A head built part by part, each part right or wrong in one of the ways that matter.
+    fn structured_head() -> impl Strategy<Value = Vec<u8>> {
+        let eol = || one_of(&["\r\n", "\r\n", "\r\n", "\n", "\r", "\r\r\n", " \r\n"]);
+        let request_line = (
+            one_of(&["", "\r\n", "\n", "\r\r"]),
+            one_of(&[
+                "GET", "POST", "OPTIONS", "CONNECT", "G(T", "", "GE\tT", "M-1~",
+            ]),
+            one_of(&[" ", " ", "  ", "\t", ""]),
+            one_of(&[
+                "/",
+                "/a?b",
+                "*",
+                "http://a.com:80/",
+                "/\u{e9}",
+                "/\x7f",
+                "/a b",
+            ]),
+            one_of(&[" ", " ", "  ", "\t"]),
+            one_of(&[
+                "HTTP/1.1",
+                "HTTP/1.0",
+                "HTTP/1.2",
+                "HTTP/2.0",
+                "HTTP/1.",
+                "http/1.1",
+                "HTTP/1.11",
+            ]),
+            eol(),
+        );
+        let field = (
+            one_of(&[
+                "Host",
+                "X-A",
+                "Content-Length",
+                "(x",
+                "",
+                " Host",
+                "\tX",
+                "X y",
+                "X\u{e9}",
+            ]),
+            one_of(&[":", ": ", ":\t", " :", ":  ", ""]),
+            one_of(&["a.com", "", "v w", "\x01", "\u{e9}", "a\rb", "5", "\t"]),
+            eol(),
+        );
+        (
+            request_line,
+            proptest::collection::vec(field, 0..6),
+            one_of(&["\r\n", "\r\n", "\n", "\r", "", " \r\n", "\r\nbody"]),
         )
-            .prop_map(|(edits, extra)| {
-                let mut h = b"GET /x HTTP/1.1\r\nHost: a.com\r\nAccept: */*\r\n".to_vec();
-                for _ in 0..extra {
-                    h.extend_from_slice(b"X-Y: z\r\n");
+            .prop_map(
+                |((lead, method, s1, target, s2, version, eol), fields, end)| {
+                    let mut h = format!("{lead}{method}{s1}{target}{s2}{version}{eol}");
+                    for (name, colon, value, eol) in fields {
+                        h.push_str(&format!("{name}{colon}{value}{eol}"));
+                    }
+                    h.push_str(end);
+                    h.into_bytes()
+                },
+            )
+    }
+
+    /// A valid head with a few bytes replaced, inserted or removed.
+    fn edited_head() -> impl Strategy<Value = Vec<u8>> {
+        let edit = (
+            any::<prop::sample::Index>(),
+            proptest::sample::select(&b" \t\r\n:(/012aH\x01\x7f\x80"[..]),
+            0u8..3,
+        );
+        (proptest::collection::vec(edit, 1..4), 0usize..3).prop_map(|(edits, extra)| {
+            let mut h = b"GET /x HTTP/1.1\r\nHost: a.com\r\nAccept: */*\r\n".to_vec();
+            for _ in 0..extra {
+                h.extend_from_slice(b"X-Y: z\r\n");
+            }
+            h.extend_from_slice(b"\r\nbody");
+            for (at, byte, how) in edits {
+                let at = at.index(h.len());
+                match how {
+                    0 => h[at] = byte,
+                    1 => h.insert(at, byte),
+                    _ => {
+                        h.remove(at);
+                    }
                 }
-                h.extend_from_slice(b"\r\nbody");
-                for (at, piece) in edits {
-                    let tail = h.split_off(at.index(h.len() + 1));
-                    h.extend_from_slice(piece.as_bytes());
-                    h.extend_from_slice(&tail);
-                }
-                h
-            });
+            }
+            h
+        })
+    }
+
+    /// Random sequences of pieces heads are made of.
+    fn pieces() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(proptest::sample::select(PIECES), 0..40)
+            .prop_map(|p| p.concat().into_bytes())
+    }
+
+    /// Heads, right and wrong, to compare the reader with the whole-buffer parse on.
+    fn head_bytes() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
-            pieces,
-            mutated,
+            structured_head(),
+            edited_head(),
+            pieces(),
             proptest::collection::vec(any::<u8>(), 0..64)
         ]
     }
@@ -541,7 +683,10 @@ mod tests {
                     assert_eq!(end, input.len(), "{input:?} refused early: {got:?}");
                 }
             }
-            assert!(matches!(got, Err(HeadError::Malformed(_))), "{input:?}: {got:?}");
+            assert!(
+                matches!(got, Err(HeadError::Malformed(_))),
+                "{input:?}: {got:?}"
+            );
         }
         // A field over the cap is refused once it is whole, as httparse does.
         let fields: String = (0..=MAX_HEADERS).map(|i| format!("X{i}: y\r\n")).collect();
@@ -550,7 +695,10 @@ mod tests {
         for end in 1..input.len() {
             assert_eq!(reader.parse(&input.as_bytes()[..end]), Ok(None), "{end}");
         }
-        assert_eq!(reader.parse(input.as_bytes()), Err(HeadError::TooManyHeaders));
+        assert_eq!(
+            reader.parse(input.as_bytes()),
+            Err(HeadError::TooManyHeaders)
+        );
     }
 
     /// The cost of reading a head of `len` bytes one byte per call.
@@ -585,6 +733,27 @@ mod tests {
             let mut reader = HeadReader::new();
             assert!(reader.parse(head.as_bytes()).unwrap().is_some());
             assert!(work <= reader.work + 16 * 16, "{work} vs {}", reader.work);
+        }
+    }
+
+    #[test]
+    fn the_cap_is_where_it_was() {
+        let start = b"GET / HTTP/1.1\r\nHost: a.com\r\nX: ";
+        let mut buf = start.to_vec();
+        buf.resize(MAX_HEAD_LEN - 1, b'a');
+        let mut reader = HeadReader::new();
+        assert_eq!(reader.parse(&buf), Ok(None));
+        buf.push(b'a');
+        assert_eq!(reader.parse(&buf), Err(HeadError::TooLarge));
+        assert_eq!(whole_buffer(&buf), Err(HeadError::TooLarge));
+        // A complete head of exactly the cap is read; one byte more is refused.
+        for (len, want_ok) in [(MAX_HEAD_LEN, true), (MAX_HEAD_LEN + 1, false)] {
+            let mut head = start.to_vec();
+            head.resize(len - 4, b'a');
+            head.extend_from_slice(b"\r\n\r\n");
+            let got = HeadReader::new().parse(&head);
+            assert_eq!(got.is_ok(), want_ok, "{len}: {got:?}");
+            assert_eq!(got, whole_buffer(&head));
         }
     }
 

@@ -94,8 +94,8 @@ pub fn websocket_accept(key: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{head, WS_OK};
     use super::super::parse_response_head;
+    use super::super::tests::{head, WS_OK};
     use super::*;
 
     #[test]
