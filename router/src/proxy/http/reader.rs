@@ -92,20 +92,35 @@ impl HeadReader {
 
     /// Runs both state machines over bytes not scanned before, stopping where neither needs more.
     fn scan(&mut self, new: &[u8]) {
-        for (i, &b) in new.iter().enumerate() {
+        let mut i = 0;
+        while i < new.len() {
             let hygiene_done = self.hygiene.is_done();
             if hygiene_done && (self.hygiene.refused() || self.syntax.is_done()) {
-                self.work += i;
-                return;
+                break;
             }
+            // Field values are most of a head's bytes, and inside one both machines only count bytes
+            // until a CR, an LF or a byte outside visible ASCII, SP and HTAB: skip those in one go.
+            if matches!(self.syntax, Syntax::Value(_)) && self.hygiene.in_plain_line() {
+                let run = new[i..]
+                    .iter()
+                    .take_while(|b| matches!(b, b' ' | b'\t' | 0x21..=0x7e))
+                    .count();
+                self.hygiene.line_len += run;
+                i += run;
+                if i == new.len() {
+                    break;
+                }
+            }
+            let b = new[i];
             if !hygiene_done {
                 self.hygiene.step(b);
             }
             if !self.syntax.is_done() {
                 self.syntax = self.syntax.step(b);
             }
+            i += 1;
         }
-        self.work += new.len();
+        self.work += i;
     }
 
     /// Decides, from the first bytes, whether the head is the HTTP/2 preface. Undecided while fewer than
@@ -182,6 +197,12 @@ impl Hygiene {
     /// True once a line was refused.
     fn refused(&self) -> bool {
         matches!(self.end, Some(Err(_)))
+    }
+
+    /// True inside a line that has begun, has no pending CR and is not yet judged: a run of visible
+    /// ASCII, SP and HTAB there changes nothing but the line's length.
+    fn in_plain_line(&self) -> bool {
+        self.end.is_none() && self.line_len > 0 && !self.cr
     }
 
     /// One byte of the head.
