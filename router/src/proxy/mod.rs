@@ -48,7 +48,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument as _};
 
-use self::http::{BodyFramer, HeadError, RequestHead, Status};
+use self::http::{BodyFramer, HeadError, HeadReader, RequestHead, Status};
 use self::relay::{read_some, shutdown_write, write_all};
 use self::tls::{alert_record, AlertDescription, HelloReader};
 use self::upstream::{DialError, Upstream};
@@ -740,9 +740,10 @@ async fn read_head(
     peek_timeout: Duration,
 ) -> HeadRead {
     let mut deadline = deadline;
+    let mut reader = HeadReader::new();
     loop {
         if !buf.is_empty() {
-            match http::parse_request_head(buf) {
+            match reader.parse(buf) {
                 Ok(Some(h)) => return HeadRead::Head(h),
                 Ok(None) => {}
                 Err(e) => return HeadRead::Bad(e),

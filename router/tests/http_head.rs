@@ -1,0 +1,68 @@
+//! Request heads through the proxy in pieces (issue 13: the head is read incrementally): heads sent one
+//! byte per TCP segment, on the first request and on a kept-alive connection, are routed as in one
+//! piece, and a head that goes wrong early is refused at once, without waiting for the rest.
+
+mod proxy_support;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use proxy_support::*;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// Writes `bytes` one per segment (no Nagle), with a pause (a timer tick) so that the router mostly reads
+/// them apart.
+async fn trickle(s: &mut TcpStream, bytes: &[u8]) {
+    for b in bytes {
+        s.write_all(std::slice::from_ref(b)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_heads_one_byte_per_segment() {
+    require_netns!();
+    capture_logs();
+    let ns = Netns::create();
+    let dns = TestDns::start(300).await;
+    let ok = format!("ok.trickle{}.test", std::process::id());
+    dns.set(&ok, &[IpAddr::V4(ns.ns_ip)]);
+    let accepts = http_upstream(ns.bind(80));
+    let router = TestRouter::start(
+        Settings {
+            hosts: vec![ok.clone()],
+            ..Settings::default()
+        },
+        &dns,
+    )
+    .await;
+
+    let s = TcpStream::connect(router.http).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut s = BufReader::new(s);
+    let padding = "p".repeat(300);
+    for path in ["/first", "/second"] {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: {ok}\r\nX-Padding: {padding}\r\n\r\n");
+        trickle(s.get_mut(), head.as_bytes()).await;
+        let r = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s))
+            .await
+            .expect("a response in time");
+        assert_eq!(r, Some((200, format!("host={ok} path={path} len=0 sum=0"))));
+    }
+    assert_eq!(accepts.get(), 1, "both requests on one upstream connection");
+
+    // A malformed request line is refused as soon as the byte that is wrong arrives: the client,
+    // which has not finished its head, gets a 400 long before the 10 s peek timeout would answer 408.
+    let mut s = TcpStream::connect(router.http).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let start = Instant::now();
+    trickle(&mut s, b"GET  /").await;
+    let mut s = BufReader::new(s);
+    let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut s))
+        .await
+        .expect("refused before the head is complete");
+    assert_eq!(r.map(|r| r.0), Some(400));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(accepts.get(), 1, "nothing forwarded");
+}
