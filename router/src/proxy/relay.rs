@@ -201,15 +201,15 @@ pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()
 }
 
 /// Reads once from a shared stream into `buf` (appending at most `max` bytes); `Ok(0)` is end of stream.
-/// The buffer only grows once data is there, so an idle connection waiting here holds no buffer.
+/// The buffer only grows once data is there, so an idle connection waiting here holds no buffer; the
+/// read goes into spare capacity without zeroing it first, so a client sending one byte per segment costs
+/// one byte of work per read, not `max`.
 pub(crate) async fn read_some(src: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
-    let start = buf.len();
+    use bytes::BufMut as _;
     loop {
         src.readable().await?;
-        buf.resize(start + max, 0);
-        let result = src.try_read(&mut buf[start..]);
-        buf.truncate(start + *result.as_ref().unwrap_or(&0));
-        match result {
+        buf.reserve(max);
+        match src.try_read_buf(&mut buf.limit(max)) {
             Ok(n) => return Ok(n),
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
