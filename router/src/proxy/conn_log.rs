@@ -17,11 +17,11 @@ use super::upstream::DialError;
 
 /// One connection's log line, written when the connection ends (however it ends).
 #[derive(Debug)]
-pub struct ConnLog {
+pub(crate) struct ConnLog {
     /// The client's address.
-    pub client: SocketAddr,
+    pub(crate) client: SocketAddr,
     /// The listener the connection came in on.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// When the connection was accepted, for `duration_ms`.
     start: Instant,
     /// The decided name (or what the client sent, on refusal).
@@ -31,15 +31,15 @@ pub struct ConnLog {
     /// The upstream address dialled, once one answered.
     upstream: Mutex<Option<SocketAddr>>,
     /// Bytes relayed client → upstream (the relay adds to it directly).
-    pub bytes_up: AtomicU64,
+    pub(crate) bytes_up: AtomicU64,
     /// Bytes relayed upstream → client.
-    pub bytes_down: AtomicU64,
+    pub(crate) bytes_down: AtomicU64,
 }
 
 impl ConnLog {
     /// A log for a connection just accepted; [`Decision::Cancelled`] until something else is decided.
     #[must_use]
-    pub fn new(client: SocketAddr, kind: Kind) -> ConnLog {
+    pub(crate) fn new(client: SocketAddr, kind: Kind) -> ConnLog {
         ConnLog {
             client,
             kind,
@@ -53,32 +53,32 @@ impl ConnLog {
     }
 
     /// Records the name the connection is about.
-    pub fn set_name(&self, name: &str) {
+    pub(crate) fn set_name(&self, name: &str) {
         *self.name.lock().unwrap_or_else(|e| e.into_inner()) = name.to_owned();
     }
 
     /// Records how the connection ends (so far).
-    pub fn set_decision(&self, d: Decision) {
+    pub(crate) fn set_decision(&self, d: Decision) {
         *self.decision.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     /// Records the upstream address dialled.
-    pub fn set_upstream(&self, a: SocketAddr) {
+    pub(crate) fn set_upstream(&self, a: SocketAddr) {
         *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
     }
 
     /// Counts bytes sent to the upstream outside the relay.
-    pub fn up(&self, n: u64) {
+    pub(crate) fn up(&self, n: u64) {
         self.bytes_up.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts bytes sent to the client outside the relay.
-    pub fn down(&self, n: u64) {
+    pub(crate) fn down(&self, n: u64) {
         self.bytes_down.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Logs a refusal (the one `refused` event) and marks the connection refused.
-    pub fn refuse(&self, name: &str, reason: &str) {
+    pub(crate) fn refuse(&self, name: &str, reason: &str) {
         info!(
             { logs::KIND } = self.kind.as_str(),
             { logs::NAME } = %name,
@@ -94,7 +94,7 @@ impl ConnLog {
     }
 
     /// Logs an upstream that failed or misbehaved, and marks the connection so.
-    pub fn upstream_failed(&self, name: &str, error: &dyn std::fmt::Display) {
+    pub(crate) fn upstream_failed(&self, name: &str, error: &dyn std::fmt::Display) {
         warn!(
             { logs::KIND } = self.kind.as_str(),
             { logs::NAME } = %name,
@@ -106,7 +106,7 @@ impl ConnLog {
     }
 
     /// Logs a failed dial: a refusal if the address check refused it, an upstream failure otherwise.
-    pub fn dial_failed(&self, name: &str, e: &DialError) {
+    pub(crate) fn dial_failed(&self, name: &str, e: &DialError) {
         if e.is_refusal() {
             self.refuse(name, &e.to_string());
         } else {

@@ -32,13 +32,13 @@
 //! is routed; the router's DNS hands out no HTTPS/SVCB records, so clients get no ECH configurations from
 //! it.
 
-pub mod conn_log;
+mod conn_log;
 mod dial;
 mod forward_conn;
 pub mod http;
 mod http_conn;
 mod listener;
-pub mod refusal;
+mod refusal;
 pub mod relay;
 pub mod tls;
 mod tls_conn;

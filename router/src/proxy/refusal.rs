@@ -24,7 +24,7 @@ const LINGER_DRAIN: usize = 1024 * 1024;
 
 /// The refusal texts of one router.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     /// The allowlist as the texts name it; `None`: they name no file.
     allowlist: Option<String>,
 }
@@ -32,13 +32,13 @@ pub struct Refusals {
 impl Refusals {
     /// Texts naming `allowlist` (a path, or a hint such as `~/.config/…`), or no file.
     #[must_use]
-    pub fn new(allowlist: Option<String>) -> Refusals {
+    pub(crate) fn new(allowlist: Option<String>) -> Refusals {
         Refusals { allowlist }
     }
 
     /// The body of a response refusing a host by policy.
     #[must_use]
-    pub fn policy_body(&self, status: Status, shown: &str, reason: &str) -> String {
+    pub(crate) fn policy_body(&self, status: Status, shown: &str, reason: &str) -> String {
         if status != Status::Forbidden {
             return self.bad_request_body(shown, reason);
         }
@@ -55,7 +55,7 @@ impl Refusals {
 
     /// The body of a response refusing a malformed request.
     #[must_use]
-    pub fn bad_request_body(&self, shown: &str, reason: &str) -> String {
+    pub(crate) fn bad_request_body(&self, shown: &str, reason: &str) -> String {
         let host = if shown.is_empty() { "(none)" } else { shown };
         let list = match &self.allowlist {
             Some(path) => format!("its allowlist ({path})"),
@@ -70,7 +70,7 @@ impl Refusals {
 
 /// The response to a first request head that did not arrive within the peek timeout.
 #[must_use]
-pub fn head_timeout_body(peek_timeout: Duration) -> String {
+pub(crate) fn head_timeout_body(peek_timeout: Duration) -> String {
     format!(
         "agent-sandbox: no complete request head within {} s; nothing was forwarded.\n",
         peek_timeout.as_secs()
@@ -78,17 +78,18 @@ pub fn head_timeout_body(peek_timeout: Duration) -> String {
 }
 
 /// The response to a later request head on a kept-alive connection that did not complete in time.
-pub const LATER_HEAD_TIMEOUT_BODY: &str = "agent-sandbox: request head not completed in time.\n";
+pub(crate) const LATER_HEAD_TIMEOUT_BODY: &str =
+    "agent-sandbox: request head not completed in time.\n";
 
 /// The response to a request whose Host differs from the first one's on a kept-alive connection.
 #[must_use]
-pub fn host_changed_body(reason: &str, new: &str) -> String {
+pub(crate) fn host_changed_body(reason: &str, new: &str) -> String {
     format!("agent-sandbox: {reason}; open a new connection for {new}. Nothing was forwarded.\n")
 }
 
 /// The status and body when an allowed name could not be dialled.
 #[must_use]
-pub fn dial_response(name: &str, e: &DialError) -> (Status, String) {
+pub(crate) fn dial_response(name: &str, e: &DialError) -> (Status, String) {
     if e.is_refusal() {
         (
             Status::Forbidden,
@@ -103,7 +104,7 @@ pub fn dial_response(name: &str, e: &DialError) -> (Status, String) {
 
 /// The alert for an allowed name that could not be dialled.
 #[must_use]
-pub fn dial_alert(e: &DialError) -> AlertDescription {
+pub(crate) fn dial_alert(e: &DialError) -> AlertDescription {
     if e.is_refusal() {
         AlertDescription::AccessDenied
     } else {
@@ -114,13 +115,13 @@ pub fn dial_alert(e: &DialError) -> AlertDescription {
 /// The response when the upstream answered a WebSocket upgrade with a `101` that is not a genuine
 /// WebSocket switch.
 #[must_use]
-pub fn invalid_switch_body(name: &str, reason: &str) -> String {
+pub(crate) fn invalid_switch_body(name: &str, reason: &str) -> String {
     format!("agent-sandbox: {name}: {reason}; the connection is closed.\n")
 }
 
 /// The alert for a policy refusal of an SNI.
 #[must_use]
-pub fn policy_alert(r: &Refusal) -> AlertDescription {
+pub(crate) fn policy_alert(r: &Refusal) -> AlertDescription {
     match r {
         Refusal::NotListed(_) => AlertDescription::AccessDenied,
         Refusal::Invalid(_) => AlertDescription::UnrecognizedName,
@@ -129,7 +130,7 @@ pub fn policy_alert(r: &Refusal) -> AlertDescription {
 
 /// The status for a policy refusal of a Host.
 #[must_use]
-pub fn policy_status(r: &Refusal) -> Status {
+pub(crate) fn policy_status(r: &Refusal) -> Status {
     match r {
         Refusal::NotListed(_) | Refusal::Invalid(NameError::IpLiteral(_)) => Status::Forbidden,
         Refusal::Invalid(_) => Status::BadRequest,
@@ -138,7 +139,7 @@ pub fn policy_status(r: &Refusal) -> Status {
 
 /// A short, actionable reason for a policy refusal (logged, and shown to HTTP clients).
 #[must_use]
-pub fn policy_reason(r: &Refusal) -> String {
+pub(crate) fn policy_reason(r: &Refusal) -> String {
     match r {
         Refusal::NotListed(_) => "not on the allowlist".to_owned(),
         Refusal::Invalid(NameError::IpLiteral(_)) => "IP literal".to_owned(),
@@ -148,18 +149,18 @@ pub fn policy_reason(r: &Refusal) -> String {
 }
 
 /// Sends a fatal alert, then closes gently.
-pub async fn refuse_tls(client: &TcpStream, alert: AlertDescription) {
+pub(crate) async fn refuse_tls(client: &TcpStream, alert: AlertDescription) {
     let _ = write_all(client, &alert_record(alert)).await;
     close_gently(client).await;
 }
 
 /// Sends an HTTP response, then closes gently.
-pub async fn refuse_http(client: &TcpStream, status: Status, body: &str) {
+pub(crate) async fn refuse_http(client: &TcpStream, status: Status, body: &str) {
     send_and_close(client, &http::response(status, body)).await;
 }
 
 /// Sends a response already encoded, then closes gently.
-pub async fn send_and_close(client: &TcpStream, response: &[u8]) {
+pub(crate) async fn send_and_close(client: &TcpStream, response: &[u8]) {
     let _ = write_all(client, response).await;
     close_gently(client).await;
 }
