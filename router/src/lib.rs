@@ -313,8 +313,7 @@ async fn run_worker(
 ///
 /// This is nginx's model: each worker an event loop of its own, accepting on its own SO_REUSEPORT
 /// sockets. A current-thread runtime drives I/O and all its tasks from one thread, with no cross-thread
-/// wake-ups or work stealing; BENCHMARKS.md has the router CPU per connection against tokio's
-/// multi-threaded scheduler.
+/// wake-ups or work stealing (BENCHMARKS.md has the router's CPU per new connection).
 ///
 /// The rules live in one [`Live`] holder shared by every worker: replacing its value (a reload) applies
 /// to the next DNS query and the next connection of every worker at once.
