@@ -14,11 +14,12 @@
 //! handles is an already parsed [`SocketAddr`].
 
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_sandbox_shared::logs::LISTENING_ON;
+use agent_sandbox_shared::net::{AcceptFailure, Accepted, Acceptor};
 use anyhow::Context as _;
 use tokio::io::copy_bidirectional_with_sizes;
 use tokio::net::{TcpListener, TcpStream};
@@ -41,20 +42,13 @@ pub struct Options {
     pub connect_timeout: Duration,
     /// The most connections relayed at once, over all listeners. Beyond it the forwarder stops accepting
     /// and lets the kernel's backlog hold new connections, so memory and file descriptors stay bounded
-    /// whatever the sandbox does.
+    /// whatever the sandbox does (the accept step is the router's too: [`agent_sandbox_shared::net`]).
     pub max_connections: usize,
     /// Bytes buffered per direction per connection. Two of these are the bulk of a connection's memory;
     /// 16 KiB keeps a connection at a few tens of KB while a bulk transfer still moves a whole TCP
     /// send-buffer's worth of data per pair of system calls.
     pub buffer_size: usize,
-    /// The first pause after a resource error from `accept` (EMFILE, ENFILE, ENOBUFS, ENOMEM). Retrying
-    /// at once would spin on the same error; the pause doubles up to [`MAX_ACCEPT_BACKOFF`] and ends
-    /// early when one of the listener's own connections finishes and gives back its descriptors.
-    pub accept_backoff: Duration,
 }
-
-/// The longest pause between two accept attempts while the process is out of file descriptors.
-pub const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 impl Default for Options {
     fn default() -> Self {
@@ -62,7 +56,6 @@ impl Default for Options {
             connect_timeout: Duration::from_secs(10),
             max_connections: 4096,
             buffer_size: 16 * 1024,
-            accept_backoff: Duration::from_millis(10),
         }
     }
 }
@@ -119,7 +112,7 @@ impl Forwarder {
         for b in &bound {
             log!(
                 Level::Info,
-                "listening on {} to={}",
+                "{LISTENING_ON}{} to={}",
                 b.relay.listen,
                 b.relay.target
             );
@@ -156,69 +149,48 @@ impl Forwarder {
     }
 }
 
-/// [`Forwarder::bind`] with the default [`Options`], then [`Forwarder::run`].
-pub async fn run(relays: &[Relay], shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    Forwarder::bind(relays, Options::default())
-        .await?
-        .run(shutdown)
-        .await
-}
-
 /// Accepts connections on one listener forever and spawns a relay task for each.
 async fn accept_loop(bound: Bound, options: Options, permits: Arc<Semaphore>) {
     let Bound { listener, relay } = bound;
+    let mut acceptor = match Acceptor::new(listener, permits) {
+        Ok(a) => a,
+        Err(err) => {
+            log!(Level::Error, "listen={}: cannot watch: {err}", relay.listen);
+            return;
+        }
+    };
     // Owned here so that aborting this loop also aborts its connections.
     let mut connections = JoinSet::new();
-    let mut backoff = options.accept_backoff;
-    loop {
-        // Taken before accepting, so that at the limit connections wait in the kernel's backlog.
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-            // The semaphore is never closed; if it were, no more connections could be relayed.
-            return;
-        };
-        match listener.accept().await {
-            Ok((client, peer)) => {
-                backoff = options.accept_backoff;
-                connections.spawn(async move {
-                    relay_connection(client, peer, relay, options).await;
-                    drop(permit);
-                });
-            }
-            // The client gave up between SYN and accept: nothing to do about it.
-            Err(err) if is_per_connection(&err) => {
-                log!(Level::Debug, "listen={}: accept: {err}", relay.listen);
-            }
-            Err(err) => {
-                if backoff == options.accept_backoff {
-                    log!(
-                        Level::Warn,
-                        "listen={}: accept failed, backing off: {err}",
-                        relay.listen
-                    );
-                }
-                drop(permit);
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    // A finished connection gives its descriptors back: try again at once.
-                    Some(_) = connections.join_next() => {}
-                }
-                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+    let report = |failure: AcceptFailure<'_>| match failure {
+        // The client gave up between SYN and accept: nothing to do about it.
+        AcceptFailure::PerConnection(err) => {
+            log!(Level::Debug, "listen={}: accept: {err}", relay.listen);
+        }
+        AcceptFailure::BackingOff { error, first, .. } => {
+            if first {
+                log!(
+                    Level::Warn,
+                    "listen={}: accept failed, backing off: {error}",
+                    relay.listen
+                );
             }
         }
+    };
+    // The semaphore is never closed and the listener stays registered: `None` would mean no more
+    // connections can be relayed, and the caller treats a returning loop as a failure.
+    while let Some(Accepted {
+        stream,
+        peer,
+        permit,
+    }) = acceptor.accept(&report).await
+    {
+        connections.spawn(async move {
+            relay_connection(stream, peer, relay, options).await;
+            drop(permit);
+        });
         // Reap finished connections so the set does not grow with every connection ever relayed.
         while connections.try_join_next().is_some() {}
     }
-}
-
-/// Accept errors that concern only the connection being accepted, not the listener or the process.
-fn is_per_connection(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-    )
 }
 
 /// Relays one accepted connection to `target` until both directions are done.

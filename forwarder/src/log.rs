@@ -1,7 +1,7 @@
 //! Line logging to stderr, at most one line per event.
 //!
-//! The forwarder's budget is a static binary under 1.5 MB, and static glibc plus std already take 1.2 MB
-//! of it: `tracing-subscriber` (about 110 KB here) does not fit, and the forwarder has a handful of
+//! The forwarder's budget is a static binary under 1.5 MB, and static glibc plus std already take most
+//! of it: `tracing-subscriber` does not fit, and the forwarder has a handful of
 //! messages and no spans to speak of. So this is the whole logger: a level, a line, no timestamps (podman
 //! and journald add their own).
 //!

@@ -1,12 +1,15 @@
 //! The end-of-session report: what the router refused, from its JSON log.
 //!
-//! The router logs every refusal at info as an event whose message is exactly `refused`, with fields
-//! `kind` (dns, tls, http, forward) and `name`. The launcher counts them per name so that a user who
-//! wonders why something did not work sees which names to add to the allowlist.
+//! The router logs every refusal at info as an event whose message is exactly [`logs::REFUSED`], with
+//! the fields [`logs::KIND`] (dns, tls, http, forward) and [`logs::NAME`] (the contract is
+//! [`agent_sandbox_shared::logs`]). The launcher counts them per name so that a user who wonders why
+//! something did not work sees which names to add to the allowlist.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+
+use agent_sandbox_shared::logs;
 
 /// Refusals of one name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -27,10 +30,10 @@ pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
             continue;
         };
         let fields = &event["fields"];
-        if fields["message"] != "refused" {
+        if fields[logs::MESSAGE] != logs::REFUSED {
             continue;
         }
-        let name = match &fields["name"] {
+        let name = match &fields[logs::NAME] {
             // One trailing dot is how DNS names arrive; the allowlist is written without it.
             serde_json::Value::String(s) if !s.is_empty() && s != "." => {
                 s.strip_suffix('.').unwrap_or(s).to_owned()
@@ -39,7 +42,7 @@ pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
             serde_json::Value::String(_) => "(empty name)".to_owned(),
             other => other.to_string(),
         };
-        let kind = fields["kind"].as_str().unwrap_or("?").to_owned();
+        let kind = fields[logs::KIND].as_str().unwrap_or("?").to_owned();
         let entry = out.entry(name).or_default();
         entry.count += 1;
         if !entry.kinds.contains(&kind) {
@@ -57,9 +60,9 @@ pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
 pub fn truncated(log: &str) -> bool {
     !log.lines().any(|line| {
         serde_json::from_str::<serde_json::Value>(line.trim()).is_ok_and(|event| {
-            event["fields"]["message"]
+            event["fields"][logs::MESSAGE]
                 .as_str()
-                .is_some_and(|m| m.starts_with("listening on "))
+                .is_some_and(|m| m.starts_with(logs::LISTENING_ON))
         })
     })
 }

@@ -337,6 +337,7 @@ fn start(
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
     let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
     plan.router.resolvers.clone_from(&shared.resolvers);
+    plan.router.allowlist = Some(settings.allowlist.display().to_string());
 
     let config = dir.join("router.toml");
     write_file(&config, &plan.router.to_toml())?;
@@ -939,7 +940,7 @@ fn wait_listening(
         let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.push_str(&String::from_utf8_lossy(&out.stderr));
         let ready = addrs.iter().all(|a| {
-            let needle = format!("listening on {a}");
+            let needle = format!("{}{a}", agent_sandbox_shared::logs::LISTENING_ON);
             log.lines().any(|l| {
                 l.split(needle.as_str())
                     .nth(1)

@@ -187,6 +187,8 @@ impl Cli {
 
         if let Some(path) = &self.allowlist {
             let list = Allowlist::load(path)?;
+            // Refused clients are told which file to edit: the one given here.
+            config.allowlist = Some(path.display().to_string());
             warnings.extend(
                 list.warnings()
                     .iter()
@@ -304,5 +306,38 @@ mod tests {
             cli(&["--allowlist", "/nonexistent"]).build_config(),
             Err(BuildError::Usage(UsageError::NoAnswer))
         ));
+    }
+
+    /// The refusal texts name the `--allowlist` file; with only `--config` they name what the file says.
+    #[test]
+    fn the_allowlist_given_is_the_one_refusals_name() {
+        let dir = std::env::temp_dir().join(format!("router-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let list = dir.join("gateway-hosts");
+        std::fs::write(&list, "a.test\n").unwrap();
+        let built = cli(&[
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "10.0.0.1",
+        ])
+        .build_config()
+        .unwrap();
+        assert_eq!(built.config.allowlist.as_deref(), list.to_str());
+
+        let config = dir.join("router.toml");
+        std::fs::write(&config, built.config.to_toml()).unwrap();
+        let from_file = cli(&["--config", config.to_str().unwrap()])
+            .build_config()
+            .unwrap();
+        assert_eq!(from_file.config.allowlist.as_deref(), list.to_str());
+        let mut bare = built.config.clone();
+        bare.allowlist = None;
+        std::fs::write(&config, bare.to_toml()).unwrap();
+        let bare = cli(&["--config", config.to_str().unwrap()])
+            .build_config()
+            .unwrap();
+        assert_eq!(bare.config.allowlist, None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,12 +7,11 @@
 //! configuration). Every other name gets NXDOMAIN. Nothing is ever forwarded or looked up elsewhere:
 //! answering needs no I/O beyond the reply.
 
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use agent_sandbox_shared::{HostName, Policy, ValidConfig};
+use agent_sandbox_shared::logs::{self, Kind};
 use hickory_proto::op::{MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
@@ -21,7 +20,10 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponseBuilder;
 use tracing::{debug, info, warn};
 
-/// Counters of what DNS did, for logs and a later metrics endpoint.
+use crate::live::LiveRules;
+
+/// Counters of what DNS did, over every worker: summed up in the log at exit, and what a metrics
+/// endpoint will read.
 #[derive(Debug, Default)]
 pub struct DnsStats {
     /// Allowlisted names answered (with an address or NODATA).
@@ -32,48 +34,41 @@ pub struct DnsStats {
     pub rejected: AtomicU64,
 }
 
+impl DnsStats {
+    /// (answered, refused, rejected) so far.
+    #[must_use]
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+            self.rejected.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// The DNS request handler.
 #[derive(Debug)]
 pub struct DnsHandler {
-    /// Compiled from the same configuration as the proxy's: a name that resolves is a name that connects.
-    policy: Policy,
-    /// Answer for allowlisted names without a per-host answer.
-    default_answer: Ipv4Addr,
-    /// Per-host answers (in a session: hosts with port entries have their own loopback address).
-    host_answers: BTreeMap<HostName, Ipv4Addr>,
-    /// TTL of every answer.
-    ttl: u32,
+    /// The same rules the proxy decides on (a name that resolves is a name that connects); one snapshot
+    /// per query.
+    rules: LiveRules,
     /// Counters.
     stats: Arc<DnsStats>,
 }
 
 impl DnsHandler {
-    /// Builds the handler from a validated configuration.
+    /// A handler deciding on `rules` and counting into `stats`.
     #[must_use]
-    pub fn new(config: &ValidConfig, stats: Arc<DnsStats>) -> DnsHandler {
-        DnsHandler {
-            policy: config.policy.clone(),
-            default_answer: config.raw.answers.default,
-            host_answers: config.host_answers.clone(),
-            ttl: config.raw.answers.ttl,
-            stats,
-        }
-    }
-
-    /// The address an allowed name resolves to.
-    fn answer_for(&self, name: &HostName) -> Ipv4Addr {
-        self.host_answers
-            .get(name)
-            .copied()
-            .unwrap_or(self.default_answer)
+    pub fn new(rules: LiveRules, stats: Arc<DnsStats>) -> DnsHandler {
+        DnsHandler { rules, stats }
     }
 }
 
 /// What to reply, decided before anything is encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reply {
-    /// An A record for the question's name.
-    Address(Ipv4Addr),
+    /// An A record for the question's name, with its TTL.
+    Address(Ipv4Addr, u32),
     /// NOERROR with no records.
     NoData,
     /// An error code and no records.
@@ -94,24 +89,27 @@ impl DnsHandler {
         let logged = asked.strip_suffix('.').unwrap_or(asked);
         if qclass != DNSClass::IN {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            info!(kind = "dns", name = %logged.escape_debug(), qtype = %qtype, class = %qclass,
-                  client = %client, reason = "not class IN", "refused");
+            info!({ logs::KIND } = Kind::Dns.as_str(), { logs::NAME } = %logged.escape_debug(),
+                  qtype = %qtype, class = %qclass, { logs::CLIENT } = %client,
+                  { logs::REASON } = "not class IN", "{}", logs::REFUSED);
             return Reply::Error(ResponseCode::Refused);
         }
-        match self.policy.decide(asked) {
+        let rules = self.rules.load();
+        match rules.policy.decide(asked) {
             Ok(name) => {
                 self.stats.answered.fetch_add(1, Ordering::Relaxed);
                 debug!(name = %name, qtype = %qtype, client = %client, "answered");
                 if qtype == RecordType::A {
-                    Reply::Address(self.answer_for(&name))
+                    Reply::Address(rules.answers.for_name(&name), rules.answers.ttl.get())
                 } else {
                     Reply::NoData
                 }
             }
             Err(refusal) => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                info!(kind = "dns", name = %logged.escape_debug(), qtype = %qtype,
-                      client = %client, reason = %refusal, "refused");
+                info!({ logs::KIND } = Kind::Dns.as_str(), { logs::NAME } = %logged.escape_debug(),
+                      qtype = %qtype, { logs::CLIENT } = %client, { logs::REASON } = %refusal,
+                      "{}", logs::REFUSED);
                 Reply::Error(ResponseCode::NXDomain)
             }
         }
@@ -121,11 +119,6 @@ impl DnsHandler {
     fn reject(&self, client: SocketAddr, why: &str) {
         self.stats.rejected.fetch_add(1, Ordering::Relaxed);
         debug!(%client, why, "malformed DNS request");
-    }
-
-    /// The TTL of answers.
-    pub(crate) fn ttl(&self) -> u32 {
-        self.ttl
     }
 }
 
@@ -160,11 +153,11 @@ impl RequestHandler for SharedHandler {
         let mut metadata = Metadata::response_from_request(&request.metadata);
         let builder = MessageResponseBuilder::new(&request.queries, request.edns.as_ref());
         let sent = match reply {
-            Reply::Address(address) => {
+            Reply::Address(address, ttl) => {
                 metadata.authoritative = true;
                 let record = Record::from_rdata(
                     queries[0].original().name().clone(),
-                    this.ttl,
+                    ttl,
                     RData::A(A(address)),
                 );
                 let response = builder.build(metadata, [&record], [], [], []);

@@ -129,7 +129,10 @@ mod tests {
         let config = RouterConfig::from_policy(&Policy::new(&list), Ipv4Addr::new(10, 0, 0, 1))
             .validate()
             .unwrap();
-        DnsHandler::new(&config, Arc::new(DnsStats::default()))
+        DnsHandler::new(
+            crate::live::Live::new(config.rules.clone()),
+            Arc::new(DnsStats::default()),
+        )
     }
 
     /// A query for `a.example. A` with id 7, length-prefixed.

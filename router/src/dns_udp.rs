@@ -167,7 +167,7 @@ pub(crate) fn respond(
         client,
     );
     let (code, answer, authoritative) = match reply {
-        Reply::Address(a) => (ResponseCode::NoError, Some(a), true),
+        Reply::Address(a, ttl) => (ResponseCode::NoError, Some((a, ttl)), true),
         Reply::NoData => (ResponseCode::NoError, None, true),
         Reply::Error(code) => (code, None, code == ResponseCode::NXDomain),
     };
@@ -182,8 +182,8 @@ pub(crate) fn respond(
     out[6..8].copy_from_slice(&u16::from(answer.is_some()).to_be_bytes());
     out[8..10].copy_from_slice(&[0, 0]);
     out[10..12].copy_from_slice(&u16::from(question.edns).to_be_bytes());
-    if let Some(address) = answer {
-        write_a(out, handler.ttl(), address);
+    if let Some((address, ttl)) = answer {
+        write_a(out, ttl, address);
     }
     if question.edns {
         out.push(0);

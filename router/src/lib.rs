@@ -5,17 +5,19 @@
 //! the standalone gateway builds the same configuration from flags ([`cli`]). [`bind_workers`] opens every
 //! listener once per worker (so a bad address fails before anything is served); each worker is a
 //! single-threaded runtime, and [`run`] serves DNS ([`dns`]) and the TLS, HTTP and host:port listeners
-//! ([`proxy`]) on all of them until the shutdown token is cancelled.
+//! ([`proxy`]) on all of them until the shutdown token is cancelled. Every worker decides on the same
+//! rules, held once in a [`live::Live`] holder that a reload will replace.
 
 pub mod cli;
+pub mod coalesce;
 pub mod dns;
 #[allow(dead_code)] // TEMPORARY: wired into the listeners with the shared accept loop (issue 13)
 mod dns_tcp;
 mod dns_udp;
 pub mod fairness;
+pub mod live;
 pub mod logging;
 pub mod proxy;
-pub mod refusals;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -23,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_sandbox_shared::logs::LISTENING_ON;
 use agent_sandbox_shared::{HostName, ValidConfig};
 use anyhow::Context as _;
 use tokio::net::{TcpListener, UdpSocket};
@@ -31,7 +34,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub use dns::DnsStats;
+use crate::dns::DnsStats;
+use crate::live::{Live, LiveRules};
 
 /// How long in-flight work may take to finish after shutdown is requested. SIGTERM must exit within a
 /// second, so this stays well under it.
@@ -129,7 +133,7 @@ impl WorkerSockets {
 /// SO_REUSEPORT group only under the same effective uid anyway.)
 pub fn bind_workers(config: &ValidConfig, workers: usize) -> anyhow::Result<Vec<WorkerSockets>> {
     let workers = workers.max(1);
-    let listen = &config.raw.listen;
+    let listen = &config.listen;
     let mut sets: Vec<WorkerSockets> = (0..workers)
         .map(|_| WorkerSockets {
             dns_udp: Vec::new(),
@@ -236,24 +240,36 @@ fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::Tcp
     Ok(socket.into())
 }
 
+/// What every worker shares: the rules, the DNS counters and the connection cap.
+#[derive(Clone, Debug)]
+struct Shared {
+    /// The policy and answers; one snapshot per DNS query and per new connection.
+    rules: LiveRules,
+    /// DNS counters over all workers.
+    stats: Arc<DnsStats>,
+    /// The cap on connections handled at once, over all workers and listeners.
+    limit: Arc<Semaphore>,
+}
+
 /// One worker: serves its listeners until `shutdown` is cancelled, then stops within
-/// [`SHUTDOWN_GRACE`]. The connection cap `limit` is shared by all workers. `ready` is called once
-/// everything that can fail is set up, before anything is served.
+/// [`SHUTDOWN_GRACE`]. `ready` is called once everything that can fail is set up, before anything is
+/// served.
 async fn run_worker(
     config: ValidConfig,
     listeners: Listeners,
-    stats: Arc<DnsStats>,
+    shared: Shared,
     shutdown: CancellationToken,
-    limit: Arc<Semaphore>,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     // Everything that can fail is set up before anything is served.
-    let proxy =
-        Arc::new(proxy::Proxy::with_limit(&config, limit).context("cannot set up the proxy")?);
+    let proxy = Arc::new(
+        proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.limit)
+            .context("cannot set up the proxy")?,
+    );
     ready();
     let mut tasks = JoinSet::new();
 
-    let handler = Arc::new(dns::DnsHandler::new(&config, stats));
+    let handler = Arc::new(dns::DnsHandler::new(shared.rules, shared.stats));
     for udp in listeners.dns_udp {
         tasks.spawn(dns_udp::serve(
             Arc::new(udp),
@@ -264,11 +280,7 @@ async fn run_worker(
     let mut dns_server = None;
     if let Some(tcp) = listeners.dns_tcp {
         let mut server = hickory_server::Server::new(dns::SharedHandler(Arc::clone(&handler)));
-        server.register_listener(
-            tcp,
-            Duration::from_secs(config.raw.peek_timeout_secs),
-            DNS_TCP_BUFFER,
-        );
+        server.register_listener(tcp, config.limits.peek_timeout, DNS_TCP_BUFFER);
         dns_server = Some(server);
     }
 
@@ -305,17 +317,22 @@ async fn run_worker(
 ///
 /// This is nginx's model: each worker an event loop of its own, accepting on its own SO_REUSEPORT
 /// sockets. A current-thread runtime drives I/O and all its tasks from one thread, with no cross-thread
-/// wake-ups or work stealing: at one worker (a session's router) that measured 111 µs of router CPU per
-/// new TLS connection against 118 µs for tokio's multi-threaded scheduler with one worker thread, and at
-/// two workers on a 2-core machine no worse than two worker threads.
+/// wake-ups or work stealing (BENCHMARKS.md has the router's CPU per new connection).
+///
+/// The rules live in one [`Live`] holder shared by every worker: replacing its value (a reload) applies
+/// to the next DNS query and the next connection of every worker at once.
 pub fn run(
     config: ValidConfig,
     sets: Vec<WorkerSockets>,
     shutdown: CancellationToken,
     start: impl FnOnce(CancellationToken) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let stats = Arc::new(DnsStats::default());
-    let limit = Arc::new(Semaphore::new(config.raw.max_connections.max(1)));
+    let shared = Shared {
+        rules: Live::new(config.rules.clone()),
+        stats: Arc::new(DnsStats::default()),
+        limit: Arc::new(Semaphore::new(config.limits.max_connections.get())),
+    };
+    let stats = Arc::clone(&shared.stats);
     let mut sets = sets.into_iter();
     let first = sets.next().context("no worker sockets were bound")?;
     // Each other worker reports here once it is set up; a worker that fails (or panics) first drops its
@@ -324,11 +341,10 @@ pub fn run(
     let mut others = Vec::new();
     let mut outcome: anyhow::Result<()> = Ok(());
     for (i, set) in sets.enumerate() {
-        let (config, stats, stop, limit, set_up) = (
+        let (config, shared, stop, set_up) = (
             config.clone(),
-            Arc::clone(&stats),
+            shared.clone(),
             shutdown.clone(),
-            Arc::clone(&limit),
             set_up.clone(),
         );
         let spawned = std::thread::Builder::new()
@@ -339,9 +355,8 @@ pub fn run(
                 serve_worker(
                     set,
                     config,
-                    stats,
+                    shared,
                     stop,
-                    limit,
                     || Ok(()),
                     move |_| {
                         let _ = set_up.send(());
@@ -365,9 +380,8 @@ pub fn run(
         outcome = serve_worker(
             first,
             config,
-            stats,
+            shared,
             shutdown.clone(),
-            limit,
             || start(shutdown.clone()),
             move |addresses| {
                 // Ready only when every worker is: the launcher starts the sandbox on these lines.
@@ -381,7 +395,7 @@ pub fn run(
                     return;
                 }
                 for (addr, proto) in addresses {
-                    info!("listening on {addr} ({proto})");
+                    info!("{LISTENING_ON}{addr} ({proto})");
                 }
             },
         );
@@ -396,6 +410,8 @@ pub fn run(
             outcome = result;
         }
     }
+    let (answered, refused, rejected) = stats.totals();
+    info!(answered, refused, rejected, "DNS queries served");
     if outcome.is_ok() && not_ready.load(Ordering::Relaxed) {
         outcome = Err(anyhow::anyhow!(
             "a worker did not finish setting up within {} s",
@@ -414,9 +430,8 @@ const WORKER_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 fn serve_worker(
     set: WorkerSockets,
     config: ValidConfig,
-    stats: Arc<DnsStats>,
+    shared: Shared,
     shutdown: CancellationToken,
-    limit: Arc<Semaphore>,
     start: impl FnOnce() -> anyhow::Result<()>,
     ready: impl FnOnce(Vec<(SocketAddr, String)>),
 ) -> anyhow::Result<()> {
@@ -427,7 +442,7 @@ fn serve_worker(
             .register()
             .context("cannot register the listeners with the runtime")?;
         let addresses = listeners.addresses();
-        run_worker(config, listeners, stats, shutdown, limit, move || {
+        run_worker(config, listeners, shared, shutdown, move || {
             ready(addresses);
         })
         .await
@@ -448,52 +463,52 @@ fn worker_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// A human-readable description of the effective configuration, for `--check`.
 #[must_use]
 pub fn describe(config: &ValidConfig) -> String {
-    let raw = &config.raw;
+    let (policy, answers) = (&config.rules.policy, &config.rules.answers);
     let mut out = String::new();
     let _ = writeln!(out, "listeners:");
     let opt = |a: Option<SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
-    let _ = writeln!(out, "  dns    {} (udp, tcp)", opt(raw.listen.dns));
-    let _ = writeln!(out, "  http   {}", opt(raw.listen.http));
-    let _ = writeln!(out, "  https  {}", opt(raw.listen.https));
+    let _ = writeln!(out, "  dns    {} (udp, tcp)", opt(config.listen.dns));
+    let _ = writeln!(out, "  http   {}", opt(config.listen.http));
+    let _ = writeln!(out, "  https  {}", opt(config.listen.https));
     for (host, port, addr) in &config.forwards {
         let _ = writeln!(out, "  {addr}  -> {host}:{port} (host:port entry)");
     }
-    let _ = writeln!(out, "allowed names (DNS answer, TTL {}s):", raw.answers.ttl);
-    if config.policy.is_empty() {
+    let _ = writeln!(out, "allowed names (DNS answer, TTL {}s):", answers.ttl);
+    if policy.is_empty() {
         let _ = writeln!(
             out,
             "  (none: every name is NXDOMAIN and nothing is forwarded)"
         );
     }
-    for host in config.policy.exact_hosts() {
-        let answer = config
-            .host_answers
-            .get(host)
-            .unwrap_or(&raw.answers.default);
-        let _ = writeln!(out, "  {:<40} A {answer}", host.as_str());
+    for host in policy.exact_hosts() {
+        let _ = writeln!(out, "  {:<40} A {}", host.as_str(), answers.for_name(host));
     }
-    for apex in config.policy.subdomain_apexes() {
+    for apex in policy.subdomain_apexes() {
         let _ = writeln!(
             out,
             "  {:<40} A {}",
             format!(".{apex} (and subdomains)"),
-            raw.answers.default
+            answers.default
         );
     }
-    let resolvers = if raw.resolvers.is_empty() {
+    let resolvers = if config.resolvers.is_empty() {
         "system (/etc/resolv.conf, /etc/hosts)".to_owned()
     } else {
-        raw.resolvers
+        config
+            .resolvers
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", ")
     };
     let _ = writeln!(out, "upstream resolvers: {resolvers}");
+    let limits = &config.limits;
     let _ = writeln!(
         out,
         "limits: peek timeout {}s, connect timeout {}s, {} connections",
-        raw.peek_timeout_secs, raw.connect_timeout_secs, raw.max_connections
+        limits.peek_timeout.as_secs(),
+        limits.connect_timeout.as_secs(),
+        limits.max_connections
     );
     out
 }

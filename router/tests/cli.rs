@@ -238,3 +238,78 @@ fn bad_config_file_exits_1() {
     assert!(text(&missing).1.contains("/nonexistent/router.toml"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The body of the router's answer to a request for a name not on the allowlist.
+fn refusal_body(router: &common::Router) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut c = std::net::TcpStream::connect(router.addr("http")).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: refused.test\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    answer
+}
+
+/// Refused clients are told which allowlist to edit: the one the launcher names in the configuration,
+/// the `--allowlist` file of a standalone router, or (configuration without one) no file at all.
+#[test]
+fn refusals_name_the_allowlist_in_use() {
+    let dir = temp_dir("cli");
+    let list = write_file(&dir, "gateway-hosts", "allowed.test\n");
+    let standalone = common::Router::start(
+        &[
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "127.0.0.2",
+            "--resolver",
+            "127.0.0.1:9",
+            "--dns",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--https",
+            "127.0.0.1:0",
+        ],
+        4,
+    );
+    let body = refusal_body(&standalone);
+    assert!(
+        body.contains(&format!("add it to {} (", list.display())),
+        "{body}"
+    );
+    drop(standalone);
+
+    let config = |allowlist: &str| {
+        format!(
+            "hosts = [\"allowed.test\"]\nresolvers = [\"127.0.0.1:9\"]\n{allowlist}\
+             [listen]\nhttp = \"127.0.0.1:0\"\n[answers]\ndefault = \"127.0.0.2\"\n"
+        )
+    };
+    let session = write_file(
+        &dir,
+        "session.toml",
+        &config("allowlist = \"/home/me/.config/elsewhere/allowed-hosts\"\n"),
+    );
+    let launched = common::Router::start(&["--config", session.to_str().unwrap()], 1);
+    let body = refusal_body(&launched);
+    assert!(
+        body.contains("add it to /home/me/.config/elsewhere/allowed-hosts ("),
+        "{body}"
+    );
+    drop(launched);
+
+    let bare = write_file(&dir, "bare.toml", &config(""));
+    let bare = common::Router::start(&["--config", bare.to_str().unwrap()], 1);
+    let body = refusal_body(&bare);
+    assert!(
+        body.contains("add it to the router's allowlist ("),
+        "{body}"
+    );
+    assert!(!body.contains("allowed-hosts"), "{body}");
+    drop(bare);
+    std::fs::remove_dir_all(dir).unwrap();
+}

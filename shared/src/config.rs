@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +66,10 @@ pub struct RouterConfig {
     /// Cap on connections handled at once across all listeners; more wait in the kernel's backlog.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// The allowlist file as the refusals clients see should name it: the launcher writes the user's
+    /// real path, the standalone router the `--allowlist` file. Absent: the refusals name no file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowlist: Option<String>,
 }
 
 /// Listener addresses.
@@ -143,17 +149,60 @@ pub enum ConfigError {
     Invalid(Vec<String>),
 }
 
-/// A validated configuration: the compiled policy, the DNS answers and the listeners.
+/// A validated configuration, typed for the router's run time: nothing downstream reads the TOML numbers.
 #[derive(Clone, Debug)]
 pub struct ValidConfig {
+    /// What a live reload replaces as one piece: the policy and the DNS answers.
+    pub rules: Rules,
+    /// The DNS, HTTP and TLS listener addresses.
+    pub listen: ListenConfig,
+    /// Forward entries with their normalised host and their listen address.
+    pub forwards: Vec<(HostName, u16, SocketAddr)>,
+    /// Upstream DNS servers; empty means the system's /etc/resolv.conf and /etc/hosts.
+    pub resolvers: Vec<SocketAddr>,
+    /// Timeouts and the connection cap, checked against their bounds.
+    pub limits: Limits,
+    /// The allowlist as refusals name it (see [`RouterConfig::allowlist`]).
+    pub allowlist: Option<String>,
+}
+
+/// The parts of the configuration that decide each DNS query and each connection.
+#[derive(Clone, Debug)]
+pub struct Rules {
     /// The policy compiled from hosts, subdomains and forwards.
     pub policy: Policy,
-    /// Per-name answers, normalised.
-    pub host_answers: BTreeMap<HostName, Ipv4Addr>,
-    /// Forward entries with their normalised host.
-    pub forwards: Vec<(HostName, u16, SocketAddr)>,
-    /// The configuration as given.
-    pub raw: RouterConfig,
+    /// What DNS answers for allowed names.
+    pub answers: Answers,
+}
+
+/// DNS answers for allowed names, normalised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answers {
+    /// The A record for every allowed name without a per-name answer.
+    pub default: Ipv4Addr,
+    /// Per-name A records.
+    pub hosts: BTreeMap<HostName, Ipv4Addr>,
+    /// TTL of the answers, in seconds (1 to [`MAX_ANSWER_TTL`]).
+    pub ttl: NonZeroU32,
+}
+
+impl Answers {
+    /// The address an allowed name resolves to.
+    #[must_use]
+    pub fn for_name(&self, name: &HostName) -> Ipv4Addr {
+        self.hosts.get(name).copied().unwrap_or(self.default)
+    }
+}
+
+/// Timeouts and caps, within their bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a client may take to send its ClientHello or request head (1 s to an hour).
+    pub peek_timeout: Duration,
+    /// How long resolving and connecting to an upstream may take (1 s to an hour).
+    pub connect_timeout: Duration,
+    /// Connections handled at once across all listeners (1 to [`MAX_CONNECTIONS`]).
+    pub max_connections: NonZeroUsize,
 }
 
 impl RouterConfig {
@@ -206,6 +255,7 @@ impl RouterConfig {
             peek_timeout_secs: DEFAULT_PEEK_TIMEOUT_SECS,
             connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            allowlist: None,
         };
         for entry in policy.entries() {
             match entry {
@@ -283,14 +333,30 @@ impl RouterConfig {
             }
         }
         problems.extend(listener_conflicts(self));
-        if !problems.is_empty() {
+        let ttl = NonZeroU32::new(self.answers.ttl);
+        let max_connections = NonZeroUsize::new(self.max_connections);
+        let (Some(ttl), Some(max_connections), true) = (ttl, max_connections, problems.is_empty())
+        else {
             return Err(ConfigError::Invalid(problems));
-        }
+        };
         Ok(ValidConfig {
-            policy: Policy::from_entries(entries),
-            host_answers,
+            rules: Rules {
+                policy: Policy::from_entries(entries),
+                answers: Answers {
+                    default: self.answers.default,
+                    hosts: host_answers,
+                    ttl,
+                },
+            },
+            listen: self.listen.clone(),
             forwards,
-            raw: self.clone(),
+            resolvers: self.resolvers.clone(),
+            limits: Limits {
+                peek_timeout: Duration::from_secs(self.peek_timeout_secs),
+                connect_timeout: Duration::from_secs(self.connect_timeout_secs),
+                max_connections,
+            },
+            allowlist: self.allowlist.clone(),
         })
     }
 }
@@ -351,6 +417,7 @@ mod tests {
             port: 5432,
             listen: "10.0.0.2:10000".parse().unwrap(),
         });
+        c.allowlist = Some("/home/me/.config/agent-sandbox/allowed-hosts".into());
         c
     }
 
@@ -393,11 +460,12 @@ mod tests {
     #[test]
     fn valid_config_compiles_policy() {
         let v = sample().validate().unwrap();
-        assert!(v.policy.decide("www.example.com").is_ok());
-        assert!(v.policy.decide("db.example.com").is_ok());
-        assert!(v
-            .policy
-            .allows_port(&HostName::parse("db.example.com").unwrap(), 5432));
-        assert!(v.policy.decide("evil.com").is_err());
+        let policy = &v.rules.policy;
+        assert!(policy.decide("www.example.com").is_ok());
+        assert!(policy.decide("db.example.com").is_ok());
+        assert!(policy.allows_port(&HostName::parse("db.example.com").unwrap(), 5432));
+        assert!(policy.decide("evil.com").is_err());
+        assert_eq!(v.limits.peek_timeout, Duration::from_secs(10));
+        assert_eq!(v.rules.answers.ttl.get(), DEFAULT_ANSWER_TTL);
     }
 }

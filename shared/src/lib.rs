@@ -3,15 +3,19 @@
 //! forwarder listen on), and the router's configuration file.
 //!
 //! This crate does no I/O beyond reading the file it is given, so every decision can be tested as a table.
+//! The one exception is behind the cargo feature `net`: the accept step both servers share (`net`).
 
 pub mod allowlist;
 pub mod config;
+pub mod logs;
 pub mod name;
+#[cfg(feature = "net")]
+pub mod net;
 pub mod plan;
 pub mod policy;
 
 pub use allowlist::{Allowlist, AllowlistError, Entry};
-pub use config::{RouterConfig, ValidConfig};
+pub use config::{Answers, Limits, RouterConfig, Rules, ValidConfig};
 pub use name::{HostName, NameError};
 pub use plan::{Relay, SessionPlan};
 pub use policy::{Decision, Policy, Refusal};

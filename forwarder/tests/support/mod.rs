@@ -11,6 +11,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agent_sandbox_shared::logs::LISTENING_ON;
+
 /// The forwarder binary built for this test run.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_agent-sandbox-forwarder");
 
@@ -104,8 +106,8 @@ impl Forwarder {
     pub(crate) fn wait_listening(&self, count: usize) -> Vec<SocketAddr> {
         (0..count)
             .map(|_| {
-                let line = self.wait_for_line("listening on ", Duration::from_secs(10));
-                let rest = line.split("listening on ").nth(1).unwrap();
+                let line = self.wait_for_line(LISTENING_ON, Duration::from_secs(10));
+                let rest = line.split(LISTENING_ON).nth(1).unwrap();
                 rest.split_whitespace().next().unwrap().parse().unwrap()
             })
             .collect()

@@ -296,8 +296,10 @@ fn host_name_from_server_name_list(data: &[u8]) -> Result<Vec<u8>, HelloError> {
     }
 }
 
-/// Test helpers that build ClientHellos by hand; shared with the integration tests through
-/// [`crate::proxy::testing`].
+/// Test helpers that build ClientHellos by hand, for the unit tests, the integration tests and the
+/// benchmark; not part of the production build (cargo feature `test-support`, which the router's own
+/// dev-dependency on itself turns on).
+#[cfg(any(test, feature = "test-support"))]
 pub mod build {
     /// A server_name extension holding `names` as host_name entries.
     #[must_use]

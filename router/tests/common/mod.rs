@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agent_sandbox_shared::logs::LISTENING_ON;
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinEncodable};
@@ -56,7 +57,7 @@ impl Router {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on ").nth(1) {
+                if let Some(rest) = line.split(LISTENING_ON).nth(1) {
                     let (addr, proto) = rest.split_once(' ').unwrap();
                     let proto = proto.trim_matches(|c| c == '(' || c == ')').to_owned();
                     let _ = tx.send((addr.parse::<SocketAddr>().unwrap(), proto));

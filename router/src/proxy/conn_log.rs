@@ -1,0 +1,141 @@
+//! One connection's log: the `refused` events it causes and the one `connection` event that ends it.
+//!
+//! How it fits: each connection driver makes a [`ConnLog`] first thing and records on it as the
+//! connection goes (name, [`Decision`], upstream, bytes); dropping it — however the connection ends,
+//! cancellation included — writes the `connection` event. Event messages and field names are the
+//! contract in [`agent_sandbox_shared::logs`], which the launcher's report and the tests read.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use agent_sandbox_shared::logs::{self, Decision, Kind};
+use tracing::{info, warn};
+
+use super::upstream::DialError;
+
+/// One connection's log line, written when the connection ends (however it ends).
+#[derive(Debug)]
+pub(crate) struct ConnLog {
+    /// The client's address.
+    pub(crate) client: SocketAddr,
+    /// The listener the connection came in on.
+    pub(crate) kind: Kind,
+    /// When the connection was accepted, for `duration_ms`.
+    start: Instant,
+    /// The decided name (or what the client sent, on refusal).
+    name: Mutex<String>,
+    /// How the connection ends, as far as it got.
+    decision: Mutex<Decision>,
+    /// The upstream address dialled, once one answered.
+    upstream: Mutex<Option<SocketAddr>>,
+    /// Bytes relayed client → upstream (the relay adds to it directly).
+    pub(crate) bytes_up: AtomicU64,
+    /// Bytes relayed upstream → client.
+    pub(crate) bytes_down: AtomicU64,
+}
+
+impl ConnLog {
+    /// A log for a connection just accepted; [`Decision::Cancelled`] until something else is decided.
+    #[must_use]
+    pub(crate) fn new(client: SocketAddr, kind: Kind) -> ConnLog {
+        ConnLog {
+            client,
+            kind,
+            start: Instant::now(),
+            name: Mutex::new(String::new()),
+            decision: Mutex::new(Decision::Cancelled),
+            upstream: Mutex::new(None),
+            bytes_up: AtomicU64::new(0),
+            bytes_down: AtomicU64::new(0),
+        }
+    }
+
+    /// Records the name the connection is about.
+    pub(crate) fn set_name(&self, name: &str) {
+        *self.name.lock().unwrap_or_else(|e| e.into_inner()) = name.to_owned();
+    }
+
+    /// Records how the connection ends (so far).
+    pub(crate) fn set_decision(&self, d: Decision) {
+        *self.decision.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Records the upstream address dialled.
+    pub(crate) fn set_upstream(&self, a: SocketAddr) {
+        *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
+    }
+
+    /// Counts bytes sent to the upstream outside the relay.
+    pub(crate) fn up(&self, n: u64) {
+        self.bytes_up.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts bytes sent to the client outside the relay.
+    pub(crate) fn down(&self, n: u64) {
+        self.bytes_down.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Logs a refusal (the one `refused` event) and marks the connection refused.
+    pub(crate) fn refuse(&self, name: &str, reason: &str) {
+        info!(
+            { logs::KIND } = self.kind.as_str(),
+            { logs::NAME } = %name,
+            { logs::REASON } = %reason,
+            { logs::CLIENT } = %self.client,
+            "{}",
+            logs::REFUSED
+        );
+        if !name.is_empty() {
+            self.set_name(name);
+        }
+        self.set_decision(Decision::Refused);
+    }
+
+    /// Logs an upstream that failed or misbehaved, and marks the connection so.
+    pub(crate) fn upstream_failed(&self, name: &str, error: &dyn std::fmt::Display) {
+        warn!(
+            { logs::KIND } = self.kind.as_str(),
+            { logs::NAME } = %name,
+            error = %error,
+            { logs::CLIENT } = %self.client,
+            "upstream failed"
+        );
+        self.set_decision(Decision::UpstreamError);
+    }
+
+    /// Logs a failed dial: a refusal if the address check refused it, an upstream failure otherwise.
+    pub(crate) fn dial_failed(&self, name: &str, e: &DialError) {
+        if e.is_refusal() {
+            self.refuse(name, &e.to_string());
+        } else {
+            self.upstream_failed(name, e);
+        }
+    }
+}
+
+impl Drop for ConnLog {
+    fn drop(&mut self) {
+        let name = std::mem::take(self.name.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let decision = *self.decision.get_mut().unwrap_or_else(|e| e.into_inner());
+        let upstream = self
+            .upstream
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        info!(
+            { logs::CLIENT } = %self.client,
+            { logs::LISTENER } = self.kind.as_str(),
+            { logs::NAME } = %name,
+            { logs::DECISION } = decision.as_str(),
+            { logs::UPSTREAM } = %upstream,
+            { logs::BYTES_UP } = self.bytes_up.load(Ordering::Relaxed),
+            { logs::BYTES_DOWN } = self.bytes_down.load(Ordering::Relaxed),
+            { logs::DURATION_MS } = self.start.elapsed().as_millis() as u64,
+            "{}",
+            logs::CONNECTION
+        );
+    }
+}

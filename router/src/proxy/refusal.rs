@@ -1,0 +1,226 @@
+//! Everything a refused client sees: the TLS alert or the HTTP response, its text, and the gentle close.
+//!
+//! How it fits: the connection drivers decide *that* a connection is refused (and log it through
+//! [`ConnLog`](super::conn_log::ConnLog)); this module says *what the client is told*, in one place. The
+//! texts name the allowlist the way the configuration says (`allowlist` in the router configuration: the
+//! user's real file in a session, the `--allowlist` file of a standalone router, or no file at all).
+
+use std::time::Duration;
+
+use agent_sandbox_shared::{NameError, Refusal};
+use tokio::net::TcpStream;
+
+use super::http::{self, Status};
+use super::relay::{read_some, shutdown_write, write_all};
+use super::tls::{alert_record, AlertDescription};
+use super::upstream::DialError;
+use super::PEEK_READ;
+
+/// How long a refused client gets to read the refusal before the socket is closed.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The most a refused client may still send while it reads the refusal.
+const LINGER_DRAIN: usize = 1024 * 1024;
+
+/// The refusal texts of one router.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Refusals {
+    /// The allowlist as the texts name it; `None`: they name no file.
+    allowlist: Option<String>,
+}
+
+impl Refusals {
+    /// Texts naming `allowlist` (a path, or a hint such as `~/.config/…`), or no file.
+    #[must_use]
+    pub(crate) fn new(allowlist: Option<String>) -> Refusals {
+        Refusals { allowlist }
+    }
+
+    /// The body of a response refusing a host by policy.
+    #[must_use]
+    pub(crate) fn policy_body(&self, status: Status, shown: &str, reason: &str) -> String {
+        if status != Status::Forbidden {
+            return self.bad_request_body(shown, reason);
+        }
+        let how = "one host per line; .example.com allows every subdomain";
+        let add = match &self.allowlist {
+            Some(path) => format!("To allow it, add it to {path} ({how}) and start a new session."),
+            None => format!("To allow it, add it to the router's allowlist ({how})."),
+        };
+        format!(
+            "agent-sandbox: {shown} is not on the sandbox allowlist ({reason}); nothing was forwarded.\n\
+             {add}\n"
+        )
+    }
+
+    /// The body of a response refusing a malformed request.
+    #[must_use]
+    pub(crate) fn bad_request_body(&self, shown: &str, reason: &str) -> String {
+        let host = if shown.is_empty() { "(none)" } else { shown };
+        let list = match &self.allowlist {
+            Some(path) => format!("its allowlist ({path})"),
+            None => "its allowlist".to_owned(),
+        };
+        format!(
+            "agent-sandbox: request refused: {reason} (host {host}); nothing was forwarded.\n\
+             The sandbox forwards well-formed HTTP/1.x requests to hosts on {list} only.\n"
+        )
+    }
+}
+
+/// The response to a first request head that did not arrive within the peek timeout.
+#[must_use]
+pub(crate) fn head_timeout_body(peek_timeout: Duration) -> String {
+    format!(
+        "agent-sandbox: no complete request head within {} s; nothing was forwarded.\n",
+        peek_timeout.as_secs()
+    )
+}
+
+/// The response to a later request head on a kept-alive connection that did not complete in time.
+pub(crate) const LATER_HEAD_TIMEOUT_BODY: &str =
+    "agent-sandbox: request head not completed in time.\n";
+
+/// The response to a request whose Host differs from the first one's on a kept-alive connection.
+#[must_use]
+pub(crate) fn host_changed_body(reason: &str, new: &str) -> String {
+    format!("agent-sandbox: {reason}; open a new connection for {new}. Nothing was forwarded.\n")
+}
+
+/// The status and body when an allowed name could not be dialled.
+#[must_use]
+pub(crate) fn dial_response(name: &str, e: &DialError) -> (Status, String) {
+    if e.is_refusal() {
+        (
+            Status::Forbidden,
+            format!(
+                "agent-sandbox: {name} {e}, which the sandbox never connects to; nothing was forwarded.\n"
+            ),
+        )
+    } else {
+        (Status::BadGateway, format!("agent-sandbox: {e}.\n"))
+    }
+}
+
+/// The alert for an allowed name that could not be dialled.
+#[must_use]
+pub(crate) fn dial_alert(e: &DialError) -> AlertDescription {
+    if e.is_refusal() {
+        AlertDescription::AccessDenied
+    } else {
+        AlertDescription::InternalError
+    }
+}
+
+/// The response when the upstream answered a WebSocket upgrade with a `101` that is not a genuine
+/// WebSocket switch.
+#[must_use]
+pub(crate) fn invalid_switch_body(name: &str, reason: &str) -> String {
+    format!("agent-sandbox: {name}: {reason}; the connection is closed.\n")
+}
+
+/// The alert for a policy refusal of an SNI.
+#[must_use]
+pub(crate) fn policy_alert(r: &Refusal) -> AlertDescription {
+    match r {
+        Refusal::NotListed(_) => AlertDescription::AccessDenied,
+        Refusal::Invalid(_) => AlertDescription::UnrecognizedName,
+    }
+}
+
+/// The status for a policy refusal of a Host.
+#[must_use]
+pub(crate) fn policy_status(r: &Refusal) -> Status {
+    match r {
+        Refusal::NotListed(_) | Refusal::Invalid(NameError::IpLiteral(_)) => Status::Forbidden,
+        Refusal::Invalid(_) => Status::BadRequest,
+    }
+}
+
+/// A short, actionable reason for a policy refusal (logged, and shown to HTTP clients).
+#[must_use]
+pub(crate) fn policy_reason(r: &Refusal) -> String {
+    match r {
+        Refusal::NotListed(_) => "not on the allowlist".to_owned(),
+        Refusal::Invalid(NameError::IpLiteral(_)) => "IP literal".to_owned(),
+        Refusal::Invalid(NameError::Empty) => "empty name".to_owned(),
+        Refusal::Invalid(e) => format!("invalid name: {e}"),
+    }
+}
+
+/// Sends a fatal alert, then closes gently.
+pub(crate) async fn refuse_tls(client: &TcpStream, alert: AlertDescription) {
+    let _ = write_all(client, &alert_record(alert)).await;
+    close_gently(client).await;
+}
+
+/// Sends an HTTP response, then closes gently.
+pub(crate) async fn refuse_http(client: &TcpStream, status: Status, body: &str) {
+    send_and_close(client, &http::response(status, body)).await;
+}
+
+/// Sends a response already encoded, then closes gently.
+pub(crate) async fn send_and_close(client: &TcpStream, response: &[u8]) {
+    let _ = write_all(client, response).await;
+    close_gently(client).await;
+}
+
+/// Ends the client's stream, then reads and discards what the client still sends, briefly, so closing
+/// does not reset the connection (and destroy the refusal) while unread bytes sit in the receive buffer.
+async fn close_gently(client: &TcpStream) {
+    shutdown_write(client);
+    let drain = async {
+        let mut buf = Vec::with_capacity(PEEK_READ);
+        let mut total = 0usize;
+        while total < LINGER_DRAIN {
+            buf.clear();
+            match read_some(client, &mut buf, PEEK_READ).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_name_the_configured_allowlist_or_none() {
+        let session = Refusals::new(Some("/home/me/.config/agent-sandbox/allowed-hosts".into()));
+        let body = session.policy_body(Status::Forbidden, "evil.test", "not on the allowlist");
+        assert!(
+            body.contains("evil.test is not on the sandbox allowlist"),
+            "{body}"
+        );
+        assert!(
+            body.contains("add it to /home/me/.config/agent-sandbox/allowed-hosts ("),
+            "{body}"
+        );
+        let bad = session.bad_request_body("", "CONNECT");
+        assert!(bad.contains("(host (none))"), "{bad}");
+        assert!(
+            bad.contains("on its allowlist (/home/me/.config/agent-sandbox/allowed-hosts) only"),
+            "{bad}"
+        );
+
+        let none = Refusals::new(None);
+        for body in [
+            none.policy_body(Status::Forbidden, "evil.test", "not on the allowlist"),
+            none.bad_request_body("a.test", "x"),
+        ] {
+            assert!(
+                !body.contains("allowed-hosts") && !body.contains('~'),
+                "{body}"
+            );
+            assert!(body.contains("allowlist"), "{body}");
+        }
+        // A 400 for a policy refusal is the malformed-request text.
+        assert_eq!(
+            none.policy_body(Status::BadRequest, "a", "b"),
+            none.bad_request_body("a", "b")
+        );
+    }
+}
