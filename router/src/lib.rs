@@ -7,11 +7,14 @@
 //! single-threaded runtime, and [`run`] serves DNS ([`dns`]) and the TLS, HTTP and host:port listeners
 //! ([`proxy`]) on all of them until the shutdown token is cancelled.
 
+pub mod admin;
 pub mod cli;
 pub mod dns;
 mod dns_udp;
 pub mod logging;
+pub mod metrics;
 pub mod proxy;
+pub mod watch;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
