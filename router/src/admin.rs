@@ -31,6 +31,12 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time a client has to take the whole response.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Time the client has, after the response, to close its side before the connection is dropped.
+const LINGER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Most input read and discarded after the response.
+const LINGER_BYTES: usize = 64 * 1024;
+
 /// Admin connections handled at once; a scraper and two probes need three.
 pub const MAX_CONNECTIONS: usize = 64;
 
@@ -152,7 +158,21 @@ async fn handle(mut stream: TcpStream, state: &AdminState) {
         .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
     {
         debug!(error = %e, "admin response not delivered");
+        return;
     }
+    // Closing with unread input (a body after the head) makes the kernel send a reset, which can
+    // destroy the response before the client has read it; read a bounded amount first.
+    let mut sink = [0u8; 1024];
+    let mut left = LINGER_BYTES;
+    let drain = async {
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIMEOUT, drain).await;
 }
 
 /// Why no request head could be read.

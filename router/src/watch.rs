@@ -24,6 +24,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::Hasher as _;
 use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -71,16 +72,21 @@ impl Fingerprint {
             std::io::ErrorKind::NotFound => Fingerprint::Missing,
             kind => Fingerprint::Unreadable(kind),
         };
-        // Checked before opening: opening a FIFO for reading would block until a writer came.
-        match std::fs::metadata(path) {
+        // Non-blocking, so a FIFO put in the file's place opens at once instead of waiting for a
+        // writer; the type is then checked on the opened descriptor, leaving no window for a swap.
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) => return unreadable(e),
+        };
+        match file.metadata() {
             Ok(meta) if !meta.is_file() => return Fingerprint::NotAFile,
             Ok(_) => {}
             Err(e) => return unreadable(e),
         }
-        let file = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) => return unreadable(e),
-        };
         // One byte past the cap is enough to tell "too large" apart, and bounds the read whatever the
         // file's size.
         let mut limited = file.take(MAX_ALLOWLIST_BYTES + 1);
@@ -216,6 +222,12 @@ mod tests {
         assert_ne!(Fingerprint::of(&file), a);
         assert_eq!(Fingerprint::of(&dir), Fingerprint::NotAFile);
         assert_eq!(Fingerprint::of(&dir.join("nope")), Fingerprint::Missing);
+        // A FIFO is not read (that would wait for a writer forever).
+        let fifo = dir.join("fifo");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        assert_eq!(Fingerprint::of(&fifo), Fingerprint::NotAFile);
         let big = dir.join("big");
         std::fs::write(
             &big,

@@ -133,6 +133,10 @@ async fn probes_and_routes() {
     assert_eq!(r.status, 405);
     assert_eq!(r.headers["allow"], "GET, HEAD");
     assert_eq!(server.raw(b"PUT /livez HTTP/1.0\r\n\r\n").await.status, 405);
+    // A body the server never reads does not cost the client its response (no reset on close).
+    let mut post = b"POST /livez HTTP/1.1\r\nContent-Length: 50000\r\n\r\n".to_vec();
+    post.resize(post.len() + 50_000, b'x');
+    assert_eq!(server.raw(&post).await.status, 405);
     assert_eq!(
         server
             .raw(b"\x16\x03\x01\x00\x05hello\r\n\r\n")
