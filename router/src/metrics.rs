@@ -22,10 +22,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Prefix of every metric family name.
 const PREFIX: &str = "agent_sandbox_router_";
 
-/// Upper bounds (seconds) of the upstream connect histogram's buckets; `+Inf` is implied. From 1 ms (a
-/// peer on the same network) to the 10 s ceiling of a connect timeout.
-pub const CONNECT_BUCKETS: [f64; 12] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+/// Upper bounds of the upstream connect histogram's buckets, in nanoseconds and as the `le` label
+/// (seconds); `+Inf` is implied. From 1 ms (a peer on the same network) to 5 s. Integers throughout,
+/// so observing and encoding need no floating point (and the binary no float formatting code).
+pub const CONNECT_BUCKETS: [(u64, &str); 12] = [
+    (1_000_000, "0.001"),
+    (2_500_000, "0.0025"),
+    (5_000_000, "0.005"),
+    (10_000_000, "0.01"),
+    (25_000_000, "0.025"),
+    (50_000_000, "0.05"),
+    (100_000_000, "0.1"),
+    (250_000_000, "0.25"),
+    (500_000_000, "0.5"),
+    (1_000_000_000, "1"),
+    (2_500_000_000, "2.5"),
+    (5_000_000_000, "5"),
 ];
 
 /// Declares a closed label enum: its variants, their label values, and `ALL` in index order.
@@ -182,13 +194,12 @@ impl Histogram {
 
     /// Counts one observation.
     fn observe(&self, value: Duration) {
-        let seconds = value.as_secs_f64();
+        let nanos = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
         let slot = CONNECT_BUCKETS
             .iter()
-            .position(|&bound| seconds <= bound)
+            .position(|&(bound, _)| nanos <= bound)
             .unwrap_or(CONNECT_BUCKETS.len());
         self.buckets[slot].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 }
@@ -446,10 +457,10 @@ impl Metrics {
             "Unix time of the last successful policy load (start-up or reload).",
             "gauge",
         );
-        out.sample_f64(
+        out.sample_decimal(
             "config_last_reload_success_timestamp_seconds",
-            &[],
-            millis_to_seconds(load(&self.last_reload_success_ms)),
+            load(&self.last_reload_success_ms),
+            1_000,
         );
 
         out.family(
@@ -471,7 +482,7 @@ impl Metrics {
             "Unix time when the router started.",
             "gauge",
         );
-        out.sample_f64("start_time_seconds", &[], millis_to_seconds(self.start_ms));
+        out.sample_decimal("start_time_seconds", self.start_ms, 1_000);
 
         out.0
     }
@@ -494,37 +505,32 @@ impl Metrics {
             .collect();
         let mut cumulative = 0u64;
         let bucket_name = format!("{NAME}_bucket");
-        for (bound, count) in CONNECT_BUCKETS.iter().zip(&counts) {
+        for ((_, le), count) in CONNECT_BUCKETS.iter().zip(&counts) {
             cumulative = cumulative.saturating_add(*count);
-            let le = format_f64(*bound);
-            out.sample_u64(&bucket_name, &[("le", &le)], cumulative);
+            out.sample_u64(&bucket_name, &[("le", le)], cumulative);
         }
         cumulative = cumulative.saturating_add(counts[CONNECT_BUCKETS.len()]);
         out.sample_u64(&bucket_name, &[("le", "+Inf")], cumulative);
-        #[allow(clippy::cast_precision_loss)]
-        // nanoseconds past 2^53 (104 days summed) lose a few ns
-        let sum = h.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        out.sample_f64(&format!("{NAME}_sum"), &[], sum);
+        out.sample_decimal(
+            &format!("{NAME}_sum"),
+            h.sum_nanos.load(Ordering::Relaxed),
+            1_000_000_000,
+        );
         out.sample_u64(&format!("{NAME}_count"), &[], cumulative);
     }
 }
 
-/// Milliseconds as fractional seconds.
-#[allow(clippy::cast_precision_loss)] // exact up to 2^53 ms, some 285,000 years
-fn millis_to_seconds(ms: u64) -> f64 {
-    ms as f64 / 1000.0
-}
-
-/// A float as Prometheus reads it: Rust's shortest round-trip form, with the special values spelled the
-/// way the format wants them.
-fn format_f64(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".to_owned()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
-    } else {
-        format!("{v}")
+/// `value / scale` as an exact decimal (`scale` a power of ten), trailing zeros dropped: `1500, 1000`
+/// is `1.5`, `2000, 1000` is `2`.
+fn decimal(value: u64, scale: u64) -> String {
+    let whole = value / scale;
+    let frac = value % scale;
+    if frac == 0 {
+        return whole.to_string();
     }
+    let digits = scale.ilog10() as usize;
+    let frac = format!("{frac:0digits$}");
+    format!("{whole}.{}", frac.trim_end_matches('0'))
 }
 
 /// Decrements a listener's open-connection gauge when dropped (see [`Metrics::open`]).
@@ -573,10 +579,10 @@ impl Encoder {
         let _ = writeln!(self.0, " {value}");
     }
 
-    /// A sample with a float value.
-    fn sample_f64(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.head(name, labels);
-        let _ = writeln!(self.0, " {}", format_f64(value));
+    /// A sample without labels whose value is `value / scale` (see [`decimal`]).
+    fn sample_decimal(&mut self, name: &str, value: u64, scale: u64) {
+        self.head(name, &[]);
+        let _ = writeln!(self.0, " {}", decimal(value, scale));
     }
 }
 
@@ -601,11 +607,15 @@ mod tests {
     fn escaping_follows_the_text_format() {
         assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
         assert_eq!(escape_help("a\\b\"c\nd"), "a\\\\b\"c\\nd");
-        assert_eq!(format_f64(f64::INFINITY), "+Inf");
-        assert_eq!(format_f64(f64::NEG_INFINITY), "-Inf");
-        assert_eq!(format_f64(f64::NAN), "NaN");
-        assert_eq!(format_f64(0.0025), "0.0025");
-        assert_eq!(format_f64(1.0), "1");
+        assert_eq!(decimal(0, 1_000), "0");
+        assert_eq!(decimal(1_500, 1_000), "1.5");
+        assert_eq!(decimal(2_000, 1_000), "2");
+        assert_eq!(decimal(1_764_497_000_007, 1_000), "1764497000.007");
+        assert_eq!(decimal(60_031_500_000, 1_000_000_000), "60.0315");
+        assert_eq!(decimal(u64::MAX, 1_000_000_000), "18446744073.709551615");
+        for (nanos, label) in CONNECT_BUCKETS {
+            assert_eq!(decimal(nanos, 1_000_000_000), label);
+        }
     }
 
     #[test]

@@ -46,7 +46,10 @@ struct Watching {
 
 impl Watching {
     fn start(path: &Path) -> Watching {
-        let watch = AllowlistWatch::new(path).with_timing(INTERVAL, SETTLE);
+        Watching::spawn(AllowlistWatch::new(path).with_timing(INTERVAL, SETTLE))
+    }
+
+    fn spawn(watch: AllowlistWatch) -> Watching {
         let changed = Arc::new(Notify::new());
         let polls = watch.polls();
         let shutdown = CancellationToken::new();
@@ -142,6 +145,20 @@ async fn configmap_data_swap() {
     watch
         .expect_quiet(5, "the new version has the same content")
         .await;
+}
+
+/// With the production timing (1 s reads, 250 ms settle) a ConfigMap update is seen within the 5 s
+/// the issue promises.
+#[tokio::test]
+async fn configmap_swap_with_default_timing() {
+    let dir = TempDir::new("configmap-default");
+    let v1 = configmap_version(&dir.0, "2026_11_30_10_00_00.000000001", "a.test\n");
+    symlink(v1.file_name().unwrap(), dir.0.join("..data")).unwrap();
+    let file = dir.0.join("allowed-hosts");
+    symlink("..data/allowed-hosts", &file).unwrap();
+    let watch = Watching::spawn(AllowlistWatch::new(&file));
+    configmap_swap(&dir.0, &v1, "2026_11_30_10_05_00.000000002", "b.test\n");
+    watch.expect_change("the ..data swap").await;
 }
 
 #[tokio::test]
