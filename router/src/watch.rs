@@ -13,7 +13,8 @@
 //! directory nobody watches, a directory bind-mounted into a container and changed from the host, a
 //! file that disappears and comes back. Inotify on the directory sees the first three only, needs
 //! overflow handling, and a file descriptor per router. The cost is one small read a second: measured
-//! on this project's machines at about 5 µs for a 4 KB allowlist and under 1 ms for the 1 MB cap, and
+//! (static release build, busy 2-core machine) at 7 µs for a 4 KB allowlist, 0.1 ms for 100 KB and
+//! 0.8 ms for the 1 MB cap, so at most 0.08% of one core; and
 //! the change is noticed within one interval plus [`DEFAULT_SETTLE`], well inside the 5 s promised.
 //!
 //! A change is reported only once the content has stayed the same for one settle period, so a file
