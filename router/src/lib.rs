@@ -8,6 +8,7 @@
 //! ([`proxy`]) on all of them until the shutdown token is cancelled. Every worker decides on the same
 //! rules, held once in a [`live::Live`] holder that a reload will replace.
 
+pub mod admin;
 pub mod cli;
 pub mod coalesce;
 pub mod dns;
@@ -17,7 +18,9 @@ mod dns_udp;
 pub mod fairness;
 pub mod live;
 pub mod logging;
+pub mod metrics;
 pub mod proxy;
+pub mod watch;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
