@@ -18,7 +18,7 @@ const DEFAULT_HTTPS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFI
 
 /// agent-sandbox's egress router: DNS only for allowlisted names (NXDOMAIN otherwise, never forwarded),
 /// TLS routed by SNI and HTTP by Host to allowlisted names only, and one listener per host:port entry.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(name = "agent-sandbox-router", version, about, max_term_width = 100)]
 pub struct Cli {
     /// Router configuration (TOML) written by the launcher for a session.
@@ -67,6 +67,17 @@ pub struct Cli {
     /// with 1, leaving the other cores to the sandbox itself.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+
+    /// Serve GET /livez, /readyz and /metrics (Prometheus text format) on ADDR [default: off]. Never
+    /// reachable through the client-facing listeners.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
+
+    /// After SIGTERM, stop accepting, answer /readyz with 503, and let connections in flight go on for
+    /// up to this many seconds before exiting [default: 0, exit at once]. A second SIGTERM exits at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub drain_seconds: u64,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -2,13 +2,13 @@
 //! to an exit status (0 ok, 1 bad input or runtime failure, 2 usage). The work is in the library.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use agent_sandbox_router::cli::{BuildError, Cli};
-use agent_sandbox_router::{bind_workers, describe, logging, run};
+use agent_sandbox_router::{bind_workers, describe, logging, run, Control, Handles};
 use anyhow::Context as _;
 use clap::Parser;
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
@@ -45,11 +45,12 @@ fn main() -> ExitCode {
         || std::thread::available_parallelism().map_or(1, usize::from),
         usize::from,
     );
-    let served = bind_workers(&config, workers).and_then(|sets| {
-        run(config, sets, CancellationToken::new(), |shutdown| {
+    let served = control(&cli).and_then(|control| {
+        let sets = bind_workers(&config, workers)?;
+        run(config, sets, control, |handles| {
             // Signal handlers go in before readiness is reported, so a SIGTERM right after the
             // "listening on" lines is a clean shutdown rather than the default disposition.
-            tokio::spawn(wait_for_signal(install_signals()?, shutdown));
+            tokio::spawn(wait_for_signals(install_signals()?, handles));
             Ok(())
         })
     });
@@ -62,18 +63,50 @@ fn main() -> ExitCode {
     }
 }
 
-/// SIGTERM and SIGINT streams.
-fn install_signals() -> anyhow::Result<(Signal, Signal)> {
-    let term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    Ok((term, int))
+/// The reload source, the files to watch, the drain time and the admin listener, from the flags.
+fn control(cli: &Cli) -> anyhow::Result<Control> {
+    let admin = match cli.admin {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen for the admin endpoint on {addr}"))?;
+            l.set_nonblocking(true)
+                .with_context(|| format!("cannot set up the admin listener on {addr}"))?;
+            Some(l)
+        }
+        None => None,
+    };
+    let again = cli.clone();
+    let reload: agent_sandbox_router::reload::Source = Box::new(move || {
+        let built = again.build_config()?;
+        for w in &built.warnings {
+            warn!("allowlist: {w}");
+        }
+        Ok(built.config.validate()?)
+    });
+    Ok(Control {
+        drain_for: Duration::from_secs(cli.drain_seconds),
+        reload: Some(reload),
+        watch: cli.allowlist.iter().chain(&cli.config).cloned().collect(),
+        admin,
+        ..Control::default()
+    })
 }
 
-/// Cancels `shutdown` on SIGTERM or SIGINT.
-async fn wait_for_signal((mut term, mut int): (Signal, Signal), shutdown: CancellationToken) {
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = int.recv() => info!("SIGINT received"),
+/// SIGTERM, SIGINT and SIGHUP streams.
+fn install_signals() -> anyhow::Result<[Signal; 3]> {
+    let term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    Ok([term, int, hup])
+}
+
+/// SIGTERM and SIGINT stop (draining first when `--drain-seconds` is set); SIGHUP reloads.
+async fn wait_for_signals([mut term, mut int, mut hup]: [Signal; 3], handles: Handles) {
+    loop {
+        tokio::select! {
+            _ = term.recv() => { info!("SIGTERM received"); handles.terminate(); }
+            _ = int.recv() => { info!("SIGINT received"); handles.terminate(); }
+            _ = hup.recv() => { info!("SIGHUP received: reloading"); handles.reload(); }
+        }
     }
-    shutdown.cancel();
 }

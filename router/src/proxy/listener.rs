@@ -19,14 +19,36 @@ use tracing::{debug, error, warn, Instrument as _};
 
 use super::{Kind, Proxy};
 
+/// When a listener stops: it stops accepting when `accepting` is cancelled (a drain, or a reload that
+/// removed its `host:port` entry) and its connections go on; when `shutdown` is cancelled, they are
+/// dropped too.
+#[derive(Clone, Debug)]
+pub struct Stop {
+    /// Cancelled: close the listener, let its connections finish.
+    pub accepting: CancellationToken,
+    /// Cancelled: drop everything now.
+    pub shutdown: CancellationToken,
+}
+
+impl From<CancellationToken> for Stop {
+    /// One token for both: stop accepting and drop the connections at once.
+    fn from(token: CancellationToken) -> Stop {
+        Stop {
+            accepting: token.clone(),
+            shutdown: token,
+        }
+    }
+}
+
 impl Proxy {
-    /// Accepts until `shutdown`, one task per connection under the connection cap. On shutdown the
-    /// in-flight connections are dropped: a long relay must not hold the exit back.
+    /// Accepts until `stop.accepting`, one task per connection under the connection cap. Then the
+    /// listener is closed and the connections finish on their own, unless `stop.shutdown` comes first:
+    /// then they are dropped, since a long relay must not hold the exit back.
     pub(super) async fn accept_loop<F, Fut>(
         self: Arc<Self>,
         listener: TcpListener,
         kind: Kind,
-        shutdown: CancellationToken,
+        stop: Stop,
         handler: F,
     ) where
         F: Fn(Arc<Proxy>, TcpStream, SocketAddr) -> Fut,
@@ -46,7 +68,7 @@ impl Proxy {
         loop {
             while tasks.try_join_next().is_some() {}
             let accepted = tokio::select! {
-                () = shutdown.cancelled() => break,
+                () = stop.accepting.cancelled() => break,
                 a = acceptor.accept(|f| report(kind, f)) => a,
             };
             let Some(Accepted {
@@ -61,20 +83,28 @@ impl Proxy {
             // and an enabled span costs work at every poll of every connection.
             let span = tracing::debug_span!("conn", client = %peer, listener = kind.as_str());
             let work = handler(Arc::clone(&self), stream, peer);
-            let stop = shutdown.clone();
+            let shutdown = stop.shutdown.clone();
             tasks.spawn(
                 async move {
                     let _slot = permit;
                     tokio::select! {
-                        () = stop.cancelled() => {}
+                        () = shutdown.cancelled() => {}
                         () = work => {}
                     }
                 }
                 .instrument(span),
             );
         }
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        // The listener closes here: new connections are refused by the kernel, not left in a backlog.
+        drop(acceptor);
+        let finished = async { while tasks.join_next().await.is_some() {} };
+        tokio::select! {
+            () = finished => {}
+            () = stop.shutdown.cancelled() => {
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+            }
+        }
     }
 }
 

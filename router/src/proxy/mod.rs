@@ -52,10 +52,10 @@ use std::time::Duration;
 use agent_sandbox_shared::{HostName, ValidConfig};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 pub use agent_sandbox_shared::logs::Kind;
 
+pub use self::listener::Stop;
 use self::refusal::Refusals;
 use self::upstream::Upstream;
 use crate::live::{Live, LiveRules};
@@ -119,10 +119,15 @@ impl Proxy {
         })
     }
 
+    /// Treats `ip` as one of the router's own addresses from now on (a reload added a DNS answer).
+    pub(crate) fn add_own_address(&self, ip: std::net::IpAddr) {
+        self.upstream.add_own_address(ip);
+    }
+
     /// TLS on the HTTPS listener: peek at the ClientHello, decide on its SNI, dial name:443, write the
     /// buffered bytes unchanged, relay.
-    pub async fn serve_https(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
-        self.accept_loop(listener, Kind::Tls, shutdown, |proxy, stream, peer| {
+    pub async fn serve_https(self: Arc<Self>, listener: TcpListener, stop: impl Into<Stop>) {
+        self.accept_loop(listener, Kind::Tls, stop.into(), |proxy, stream, peer| {
             proxy.handle_tls(stream, peer)
         })
         .await;
@@ -130,8 +135,8 @@ impl Proxy {
 
     /// HTTP on the HTTP listener: Host routing, the same Host for every request on a kept-alive
     /// connection, raw relay after a `101 Switching Protocols`.
-    pub async fn serve_http(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
-        self.accept_loop(listener, Kind::Http, shutdown, |proxy, stream, peer| {
+    pub async fn serve_http(self: Arc<Self>, listener: TcpListener, stop: impl Into<Stop>) {
+        self.accept_loop(listener, Kind::Http, stop.into(), |proxy, stream, peer| {
             proxy.handle_http(stream, peer)
         })
         .await;
@@ -143,13 +148,13 @@ impl Proxy {
         listener: TcpListener,
         host: HostName,
         port: u16,
-        shutdown: CancellationToken,
+        stop: impl Into<Stop>,
     ) {
         let host = Arc::new(host);
         self.accept_loop(
             listener,
             Kind::Forward,
-            shutdown,
+            stop.into(),
             move |proxy, stream, peer| proxy.handle_forward(stream, peer, Arc::clone(&host), port),
         )
         .await;

@@ -1,0 +1,279 @@
+//! Binding every listener before anything is served: one socket per worker and address.
+//!
+//! How it fits: [`bind_workers`] runs at start-up, and [`crate::reload`] calls [`bind_forward`] for the
+//! `host:port` entries a reload adds, so a bad or busy address fails the start (or the reload) before
+//! anything is served on it. Each worker then registers its [`WorkerSockets`] with its own runtime.
+
+use std::net::SocketAddr;
+
+use agent_sandbox_shared::{HostName, ValidConfig};
+use anyhow::Context as _;
+use tokio::net::{TcpListener, UdpSocket};
+
+use crate::{dns_udp, proxy};
+
+/// Every socket the router serves, bound before anything is served.
+#[derive(Debug)]
+pub struct Listeners {
+    /// DNS over UDP: several sockets on one port (SO_REUSEPORT), one receive loop each.
+    pub dns_udp: Vec<UdpSocket>,
+    /// DNS over TCP.
+    pub dns_tcp: Option<TcpListener>,
+    /// HTTP, routed by Host.
+    pub http: Option<TcpListener>,
+    /// TLS, routed by SNI.
+    pub https: Option<TcpListener>,
+    /// One listener per host:port entry.
+    pub forwards: Vec<(HostName, u16, TcpListener)>,
+}
+
+impl Listeners {
+    /// Each listener's bound address and protocol, for the "listening on" lines and tests.
+    #[must_use]
+    pub fn addresses(&self) -> Vec<(SocketAddr, String)> {
+        let mut out = Vec::new();
+        let mut push = |addr: std::io::Result<SocketAddr>, proto: String| {
+            if let Ok(a) = addr {
+                out.push((a, proto));
+            }
+        };
+        if let Some(s) = self.dns_udp.first() {
+            push(s.local_addr(), "dns/udp".into());
+        }
+        if let Some(s) = &self.dns_tcp {
+            push(s.local_addr(), "dns/tcp".into());
+        }
+        if let Some(s) = &self.http {
+            push(s.local_addr(), "http".into());
+        }
+        if let Some(s) = &self.https {
+            push(s.local_addr(), "https".into());
+        }
+        for (host, port, l) in &self.forwards {
+            push(l.local_addr(), format!("forward {host}:{port}"));
+        }
+        out
+    }
+}
+
+/// The sockets of one worker, bound but not yet registered with a runtime: each worker runs its own
+/// single-threaded runtime, and a socket belongs to the runtime that registers it.
+#[derive(Debug)]
+pub struct WorkerSockets {
+    /// DNS over UDP (one SO_REUSEPORT socket per worker).
+    pub(crate) dns_udp: Vec<std::net::UdpSocket>,
+    /// DNS over TCP (the first worker's).
+    pub(crate) dns_tcp: Option<std::net::TcpListener>,
+    /// HTTP.
+    pub(crate) http: Option<std::net::TcpListener>,
+    /// TLS.
+    pub(crate) https: Option<std::net::TcpListener>,
+    /// One per host:port entry.
+    pub(crate) forwards: Vec<(HostName, u16, std::net::TcpListener)>,
+}
+
+impl WorkerSockets {
+    /// Registers the sockets with the current runtime.
+    pub fn register(self) -> std::io::Result<Listeners> {
+        let tcp = |l: Option<std::net::TcpListener>| l.map(TcpListener::from_std).transpose();
+        Ok(Listeners {
+            dns_udp: self
+                .dns_udp
+                .into_iter()
+                .map(UdpSocket::from_std)
+                .collect::<Result<_, _>>()?,
+            dns_tcp: tcp(self.dns_tcp)?,
+            http: tcp(self.http)?,
+            https: tcp(self.https)?,
+            forwards: self
+                .forwards
+                .into_iter()
+                .map(|(h, p, l)| Ok((h, p, TcpListener::from_std(l)?)))
+                .collect::<std::io::Result<_>>()?,
+        })
+    }
+}
+
+/// Binds every listener of the configuration once per worker, before anything is served; the error
+/// names the address that failed. With several workers each TCP address gets one SO_REUSEPORT socket per
+/// worker, so the kernel spreads new connections over the workers (as nginx's `reuseport` does) and no
+/// worker steals another's; a single worker gets plain TCP sockets. DNS over UDP gets one SO_REUSEPORT
+/// socket per worker; DNS over TCP is served by the first worker.
+///
+/// An address someone already holds is an error, SO_REUSEPORT or not: each shared address is first
+/// bound exclusively, so a second router (or anything else) on the same port is refused rather than
+/// joined, and connections are never split between two policies. (Linux lets a socket join a
+/// SO_REUSEPORT group only under the same effective uid anyway.)
+pub fn bind_workers(config: &ValidConfig, workers: usize) -> anyhow::Result<Vec<WorkerSockets>> {
+    let workers = workers.max(1);
+    let listen = &config.listen;
+    let mut sets: Vec<WorkerSockets> = (0..workers)
+        .map(|_| WorkerSockets {
+            dns_udp: Vec::new(),
+            dns_tcp: None,
+            http: None,
+            https: None,
+            forwards: Vec::new(),
+        })
+        .collect();
+    if let Some(addr) = listen.dns {
+        let (udp, tcp) = bind_dns(addr, workers)?;
+        for (i, socket) in udp.into_iter().enumerate() {
+            sets[i % workers].dns_udp.push(socket);
+        }
+        sets[0].dns_tcp = Some(tcp);
+    }
+    if let Some(addr) = listen.http {
+        for (set, l) in sets.iter_mut().zip(
+            bind_tcp_many(addr, workers)
+                .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
+        ) {
+            set.http = Some(l);
+        }
+    }
+    if let Some(addr) = listen.https {
+        for (set, l) in sets.iter_mut().zip(
+            bind_tcp_many(addr, workers)
+                .with_context(|| format!("cannot listen for TLS on {addr}"))?,
+        ) {
+            set.https = Some(l);
+        }
+    }
+    for (host, port, addr) in &config.forwards {
+        for (set, l) in sets
+            .iter_mut()
+            .zip(bind_forward(host, *port, *addr, workers)?)
+        {
+            set.forwards.push((host.clone(), *port, l));
+        }
+    }
+    Ok(sets)
+}
+
+/// The listeners of one `host:port` entry on `addr`, one per worker.
+pub(crate) fn bind_forward(
+    host: &HostName,
+    port: u16,
+    addr: SocketAddr,
+    workers: usize,
+) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    bind_tcp_many(addr, workers.max(1))
+        .with_context(|| format!("cannot listen for the entry {host}:{port} on {addr}"))
+}
+
+/// DNS sockets: `count` UDP sockets sharing the port, and TCP on the same port. With port 0 (tests),
+/// TCP takes the port UDP was given; if another socket already has that TCP port, try another.
+pub(crate) fn bind_dns(
+    addr: SocketAddr,
+    count: usize,
+) -> anyhow::Result<(Vec<std::net::UdpSocket>, std::net::TcpListener)> {
+    let attempts = if addr.port() == 0 { 20 } else { 1 };
+    if addr.port() != 0 {
+        drop(
+            std::net::UdpSocket::bind(addr)
+                .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?,
+        );
+    }
+    let mut last_error = None;
+    for _ in 0..attempts {
+        let udp = dns_udp::bind_many(addr, count)
+            .with_context(|| format!("cannot listen for DNS on {addr} (udp)"))?;
+        let tcp_addr = udp
+            .first()
+            .and_then(|s| s.local_addr().ok())
+            .unwrap_or(addr);
+        match bind_tcp(tcp_addr, false) {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) => last_error = Some((tcp_addr, e)),
+        }
+    }
+    let (tcp_addr, e) = last_error.expect("the loop runs at least once");
+    Err(anyhow::Error::new(e).context(format!("cannot listen for DNS on {tcp_addr} (tcp)")))
+}
+
+/// `count` listeners on one address: SO_REUSEPORT when more than one (port 0 takes the port the first
+/// was given).
+pub(crate) fn bind_tcp_many(
+    addr: SocketAddr,
+    count: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let shared = count > 1;
+    if shared && addr.port() != 0 {
+        // Exclusively first: a listener already on the address (another router's SO_REUSEPORT group
+        // included) makes this fail with EADDRINUSE instead of letting the group below join it.
+        drop(bind_tcp(addr, false)?);
+    }
+    let first = bind_tcp(addr, shared)?;
+    let addr = first.local_addr()?;
+    let mut out = vec![first];
+    for _ in 1..count {
+        out.push(bind_tcp(addr, shared)?);
+    }
+    Ok(out)
+}
+
+/// A non-blocking TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT), a deep
+/// backlog, and the options every accepted connection inherits (no Nagle delay, keepalive).
+pub(crate) fn bind_tcp(
+    addr: SocketAddr,
+    reuse_port: bool,
+) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    proxy::upstream::tune(socket2::SockRef::from(&socket))?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::upstream::{KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES, KEEPALIVE_TIME};
+
+    /// Another process's SO_REUSEPORT group on the address (a second router, say) is not joined: the
+    /// router refuses to start rather than split connections with it.
+    #[test]
+    fn an_address_held_by_another_reuseport_group_is_refused() {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let held = |ty: Type, proto: Protocol| {
+            let s = Socket::new(Domain::IPV4, ty, Some(proto)).unwrap();
+            s.set_reuse_port(true).unwrap();
+            s.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+                .unwrap();
+            if ty == Type::STREAM {
+                s.listen(16).unwrap();
+            }
+            let addr = s.local_addr().unwrap().as_socket().unwrap();
+            (s, addr)
+        };
+        let (_tcp, addr) = held(Type::STREAM, Protocol::TCP);
+        let e = bind_tcp_many(addr, 2).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        let (_udp, addr) = held(Type::DGRAM, Protocol::UDP);
+        let e = bind_dns(addr, 2).unwrap_err();
+        assert!(format!("{e:#}").contains("Address already in use"), "{e:#}");
+    }
+
+    /// The per-connection options are set once on the listener: accepted sockets must inherit them.
+    #[tokio::test]
+    async fn accepted_connections_inherit_the_listener_options() {
+        let listener =
+            TcpListener::from_std(bind_tcp("127.0.0.1:0".parse().unwrap(), false).unwrap())
+                .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let sock = socket2::SockRef::from(&accepted);
+        assert!(sock.tcp_nodelay().unwrap(), "TCP_NODELAY");
+        assert!(sock.keepalive().unwrap(), "SO_KEEPALIVE");
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_TIME);
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_RETRIES);
+    }
+}

@@ -1,0 +1,598 @@
+//! The workers and the process's life: start, serve, reload, drain, stop.
+//!
+//! How it fits: [`run`] takes the sockets [`crate::bind_workers`] bound and serves them with one
+//! single-threaded runtime per worker (nginx's model: each worker an event loop of its own, accepting on
+//! its own SO_REUSEPORT sockets, no cross-thread wake-ups). Everything the workers share is in
+//! [`Shared`]: the live rules, the connection cap, the metrics. The first worker also runs the process's
+//! control tasks: the admin endpoint ([`crate::admin`]), the allowlist watch ([`crate::watch`]), the
+//! reload task ([`crate::reload`], which talks to every worker through a [`Command`] channel to open and
+//! close `host:port` listeners), and the drain.
+//!
+//! Stopping: [`Handles::terminate`] (SIGTERM) with a drain time first stops accepting everywhere (the
+//! listeners close, `/readyz` answers 503), lets the connections in flight go on until they end or the
+//! drain time runs out, then stops; without one, or on a second SIGTERM, it stops at once, and in-flight
+//! work gets [`SHUTDOWN_GRACE`].
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_sandbox_shared::logs::LISTENING_ON;
+use agent_sandbox_shared::{HostName, ValidConfig};
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::admin::AdminState;
+use crate::bind::{Listeners, WorkerSockets};
+use crate::dns::DnsStats;
+use crate::live::{Live, LiveRules};
+use crate::metrics::Metrics;
+use crate::proxy::Stop;
+use crate::reload::{Reloader, Source};
+use crate::watch::AllowlistWatch;
+use crate::{admin, dns, dns_udp, proxy};
+
+/// How long in-flight work may take to finish after shutdown is requested. SIGTERM must exit within a
+/// second, so this stays well under it.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(400);
+
+/// Response buffer per DNS-over-TCP connection.
+const DNS_TCP_BUFFER: usize = 64;
+
+/// How long the first worker waits for the others to be set up before it reports readiness.
+const WORKER_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a drain looks whether every connection has ended.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// How the process is driven, beyond the configuration.
+#[derive(Default)]
+pub struct Control {
+    /// Cancelled: stop now (in-flight work gets [`SHUTDOWN_GRACE`]).
+    pub shutdown: CancellationToken,
+    /// How long connections in flight may go on after a first [`Handles::terminate`]; zero: stop at once.
+    pub drain_for: Duration,
+    /// How a reload re-reads the configuration; `None`: reloads are refused (logged) and nothing is
+    /// watched.
+    pub reload: Option<Source>,
+    /// Files whose content changes trigger a reload (the allowlist; the configuration file).
+    pub watch: Vec<PathBuf>,
+    /// The admin endpoint's listener (`--admin`), bound by the caller.
+    pub admin: Option<std::net::TcpListener>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control")
+            .field("drain_for", &self.drain_for)
+            .field("reload", &self.reload.is_some())
+            .field("watch", &self.watch)
+            .field("admin", &self.admin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the binary's signal handlers act on; given to `run`'s `start`.
+#[derive(Clone, Debug)]
+pub struct Handles {
+    /// Stop now.
+    shutdown: CancellationToken,
+    /// Stop accepting and let the connections finish (a child of `shutdown`).
+    drain: CancellationToken,
+    /// Whether a drain is configured.
+    drains: bool,
+    /// Asks the reload task to re-read the configuration.
+    reload: Arc<Notify>,
+}
+
+impl Handles {
+    /// SIGTERM/SIGINT: the first one drains when a drain time is set, anything else stops at once.
+    pub fn terminate(&self) {
+        if self.drains && !self.drain.is_cancelled() {
+            self.drain.cancel();
+        } else {
+            self.shutdown.cancel();
+        }
+    }
+
+    /// SIGHUP: re-read the configuration (requests during a reload fold into one more).
+    pub fn reload(&self) {
+        self.reload.notify_one();
+    }
+}
+
+/// A change a reload asks of one worker.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Serve a new `host:port` entry on this bound socket until `accepting` is cancelled.
+    Forward {
+        /// The entry's host.
+        host: HostName,
+        /// The entry's port.
+        port: u16,
+        /// This worker's socket for it.
+        socket: std::net::TcpListener,
+        /// Cancelled when a later reload removes the entry (or on drain).
+        accepting: CancellationToken,
+    },
+    /// An address DNS now answers with: never dial it (it is the router, as clients see it).
+    OwnAddress(IpAddr),
+}
+
+/// What every worker shares.
+#[derive(Clone, Debug)]
+struct Shared {
+    /// The policy and answers; one snapshot per DNS query and per new connection.
+    rules: LiveRules,
+    /// DNS counters over all workers.
+    stats: Arc<DnsStats>,
+    /// The cap on connections handled at once, over all workers and listeners.
+    limit: Arc<Semaphore>,
+    /// Every counter the admin endpoint exposes.
+    metrics: Arc<Metrics>,
+    /// Cancelled: stop everything now.
+    shutdown: CancellationToken,
+    /// Cancelled: stop accepting (a child of `shutdown`).
+    drain: CancellationToken,
+    /// Each `host:port` entry's "stop accepting" token (children of `drain`), the same for every
+    /// worker's listener of that entry, so a reload can close them all.
+    forward_stops: Arc<BTreeMap<(HostName, u16), CancellationToken>>,
+}
+
+/// Serves `sets` (from [`crate::bind_workers`]) with one single-threaded runtime per worker, the first on
+/// the calling thread, until `control.shutdown` is cancelled or a worker fails (which stops them all).
+/// `start` runs in the first worker's runtime before its listeners are reported ("listening on …"
+/// lines); the binary installs its signal handlers there, acting on the [`Handles`].
+///
+/// The rules live in one [`Live`] holder shared by every worker: replacing its value (a reload) applies
+/// to the next DNS query and the next connection of every worker at once.
+pub fn run(
+    config: ValidConfig,
+    sets: Vec<WorkerSockets>,
+    control: Control,
+    start: impl FnOnce(Handles) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let shutdown = control.shutdown.clone();
+    let drain = shutdown.child_token();
+    let metrics = Arc::new(Metrics::new());
+    metrics.policy_loaded(config.rules.policy.entries().len());
+    let admin_state = Arc::new(AdminState::new(Arc::clone(&metrics)));
+    admin_state.set_policy_loaded(true);
+    let forward_stops: BTreeMap<_, _> = config
+        .forwards
+        .iter()
+        .map(|(host, port, _)| ((host.clone(), *port), drain.child_token()))
+        .collect();
+    let shared = Shared {
+        rules: Live::new(config.rules.clone()),
+        stats: Arc::new(DnsStats::default()),
+        limit: Arc::new(Semaphore::new(config.limits.max_connections.get())),
+        metrics,
+        shutdown: shutdown.clone(),
+        drain: drain.clone(),
+        forward_stops: Arc::new(forward_stops),
+    };
+    let handles = Handles {
+        shutdown: shutdown.clone(),
+        drain,
+        drains: !control.drain_for.is_zero(),
+        reload: Arc::new(Notify::new()),
+    };
+    let stats = Arc::clone(&shared.stats);
+    let mut sets = sets.into_iter();
+    let first = sets.next().context("no worker sockets were bound")?;
+    let mut senders = Vec::new();
+    let (first_tx, first_rx) = mpsc::unbounded_channel();
+    senders.push(first_tx);
+    // Each other worker reports here once it is set up; a worker that fails (or panics) first drops its
+    // sender without a word.
+    let (set_up, set_up_rx) = std::sync::mpsc::channel::<()>();
+    let mut others = Vec::new();
+    let mut outcome: anyhow::Result<()> = Ok(());
+    for (i, set) in sets.enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        let (config, shared, set_up) = (config.clone(), shared.clone(), set_up.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("worker-{}", i + 1))
+            .spawn(move || {
+                // However this worker ends (error or panic included), every worker stops.
+                let _stop_all = shared.shutdown.clone().drop_guard();
+                serve_worker(
+                    set,
+                    config,
+                    shared,
+                    rx,
+                    || Ok(()),
+                    move |_| {
+                        let _ = set_up.send(());
+                    },
+                )
+            });
+        match spawned {
+            Ok(handle) => others.push(handle),
+            Err(e) => {
+                outcome = Err(anyhow::Error::new(e).context("cannot start a worker thread"));
+                break;
+            }
+        }
+    }
+    drop(set_up);
+    let workers = others.len();
+    let not_ready = Arc::new(AtomicBool::new(false));
+    if outcome.is_ok() {
+        let stop = shutdown.clone();
+        let not_ready = Arc::clone(&not_ready);
+        let ready_state = Arc::clone(&admin_state);
+        let reloader = Reloader::new(
+            control.reload,
+            &config,
+            shared.rules.clone(),
+            Arc::clone(&shared.forward_stops),
+            shared.drain.clone(),
+            senders,
+            Arc::clone(&shared.metrics),
+        );
+        let controls = ControlTasks {
+            handles: handles.clone(),
+            admin: control.admin,
+            admin_state,
+            watch: control.watch,
+            reloader,
+            drain_for: control.drain_for,
+            limit: Arc::clone(&shared.limit),
+            max_connections: config.limits.max_connections.get(),
+        };
+        outcome = serve_worker(
+            first,
+            config,
+            shared,
+            first_rx,
+            move || {
+                start(handles)?;
+                controls.spawn()
+            },
+            move |addresses| {
+                // Ready only when every worker is: the launcher starts the sandbox on these lines.
+                let all =
+                    (0..workers).all(|_| set_up_rx.recv_timeout(WORKER_SETUP_TIMEOUT).is_ok());
+                if !all {
+                    not_ready.store(true, Ordering::Relaxed);
+                    stop.cancel();
+                }
+                if stop.is_cancelled() {
+                    return;
+                }
+                for (addr, proto) in addresses {
+                    info!("{LISTENING_ON}{addr} ({proto})");
+                }
+                ready_state.set_listeners_bound(true);
+            },
+        );
+    }
+    // Whatever ended the first worker ends them all.
+    shutdown.cancel();
+    for handle in others {
+        let result = handle
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")));
+        if outcome.is_ok() {
+            outcome = result;
+        }
+    }
+    let (answered, refused, rejected) = stats.totals();
+    info!(answered, refused, rejected, "DNS queries served");
+    if outcome.is_ok() && not_ready.load(Ordering::Relaxed) {
+        outcome = Err(anyhow::anyhow!(
+            "a worker did not finish setting up within {} s",
+            WORKER_SETUP_TIMEOUT.as_secs()
+        ));
+    }
+    outcome
+}
+
+/// The process's control tasks, run on the first worker.
+struct ControlTasks {
+    /// Shutdown, drain and reload triggers.
+    handles: Handles,
+    /// The admin endpoint's listener.
+    admin: Option<std::net::TcpListener>,
+    /// What `/readyz` and `/metrics` report.
+    admin_state: Arc<AdminState>,
+    /// Files to watch for a reload.
+    watch: Vec<PathBuf>,
+    /// Re-reads and applies the configuration.
+    reloader: Reloader,
+    /// How long a drain may take.
+    drain_for: Duration,
+    /// The connection cap: all its permits back means no connection is open.
+    limit: Arc<Semaphore>,
+    /// The cap's size.
+    max_connections: usize,
+}
+
+impl ControlTasks {
+    /// Spawns every control task on the current (first worker's) runtime.
+    fn spawn(self) -> anyhow::Result<()> {
+        let ControlTasks {
+            handles,
+            admin,
+            admin_state,
+            watch,
+            mut reloader,
+            drain_for,
+            limit,
+            max_connections,
+        } = self;
+        let shutdown = handles.shutdown.clone();
+        if let Some(listener) = admin {
+            let listener =
+                TcpListener::from_std(listener).context("cannot register the admin listener")?;
+            // The admin endpoint outlives a drain: `/readyz` must say 503 while connections finish.
+            tokio::spawn(admin::serve(
+                listener,
+                Arc::clone(&admin_state),
+                shutdown.clone(),
+            ));
+        }
+        if reloader.can_reload() {
+            for path in watch {
+                tokio::spawn(
+                    AllowlistWatch::new(path).run(Arc::clone(&handles.reload), shutdown.clone()),
+                );
+            }
+        }
+        let requests = Arc::clone(&handles.reload);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = requests.notified() => reloader.reload(),
+                }
+            }
+        });
+        tokio::spawn(drain_then_stop(
+            handles,
+            admin_state,
+            drain_for,
+            limit,
+            max_connections,
+        ));
+        Ok(())
+    }
+}
+
+/// Waits for a drain; then `/readyz` says 503, the listeners are closed (every accept loop watches the
+/// drain token), and the process stops once no connection is open or `drain_for` has passed.
+async fn drain_then_stop(
+    handles: Handles,
+    admin: Arc<AdminState>,
+    drain_for: Duration,
+    limit: Arc<Semaphore>,
+    max_connections: usize,
+) {
+    tokio::select! {
+        () = handles.drain.cancelled() => {}
+        () = handles.shutdown.cancelled() => return,
+    }
+    if handles.shutdown.is_cancelled() {
+        return;
+    }
+    admin.start_draining();
+    let open = |limit: &Semaphore| max_connections.saturating_sub(limit.available_permits());
+    info!(
+        open = open(&limit),
+        drain_seconds = drain_for.as_secs(),
+        "draining: listeners closed, connections in flight may go on for up to {} s",
+        drain_for.as_secs()
+    );
+    let deadline = tokio::time::Instant::now() + drain_for;
+    loop {
+        if open(&limit) == 0 {
+            info!("drained: no connection left");
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            warn!(
+                open = open(&limit),
+                "drain time is up: closing the connections still open"
+            );
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(DRAIN_POLL) => {}
+            () = handles.shutdown.cancelled() => return,
+        }
+    }
+    handles.shutdown.cancel();
+}
+
+/// One worker on a single-threaded runtime of its own: `start` runs in it first (the binary's signal
+/// handlers and the control tasks, for the first worker), then the sockets are registered and served;
+/// `ready` gets the listeners' addresses once the worker is set up.
+fn serve_worker(
+    set: WorkerSockets,
+    config: ValidConfig,
+    shared: Shared,
+    commands: mpsc::UnboundedReceiver<Command>,
+    start: impl FnOnce() -> anyhow::Result<()>,
+    ready: impl FnOnce(Vec<(SocketAddr, String)>),
+) -> anyhow::Result<()> {
+    let runtime = worker_runtime()?;
+    let served = runtime.block_on(async {
+        start()?;
+        let listeners = set
+            .register()
+            .context("cannot register the listeners with the runtime")?;
+        let addresses = listeners.addresses();
+        run_worker(config, listeners, shared, commands, move || {
+            ready(addresses);
+        })
+        .await
+    });
+    // Detached connection tasks must not hold the exit back past the grace period.
+    runtime.shutdown_background();
+    served
+}
+
+/// A single-threaded runtime for one worker.
+fn worker_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+}
+
+/// One worker: serves its listeners (and the ones reloads add) until shutdown, then stops within
+/// [`SHUTDOWN_GRACE`]. `ready` is called once everything that can fail is set up, before anything is
+/// served.
+async fn run_worker(
+    config: ValidConfig,
+    listeners: Listeners,
+    shared: Shared,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    ready: impl FnOnce(),
+) -> anyhow::Result<()> {
+    // Everything that can fail is set up before anything is served.
+    let proxy = Arc::new(
+        proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.limit)
+            .context("cannot set up the proxy")?,
+    );
+    ready();
+    let shutdown = shared.shutdown;
+    let stop = |accepting: CancellationToken| Stop {
+        accepting,
+        shutdown: shutdown.clone(),
+    };
+    let mut tasks = JoinSet::new();
+
+    let handler = Arc::new(dns::DnsHandler::new(shared.rules, shared.stats));
+    for udp in listeners.dns_udp {
+        // DNS over UDP answers through a drain: it holds no connection, and clients may still be
+        // pointed here until their configuration catches up.
+        tasks.spawn(dns_udp::serve(
+            Arc::new(udp),
+            Arc::clone(&handler),
+            shutdown.child_token(),
+        ));
+    }
+    let mut dns_server = None;
+    if let Some(tcp) = listeners.dns_tcp {
+        let mut server = hickory_server::Server::new(dns::SharedHandler(Arc::clone(&handler)));
+        server.register_listener(tcp, config.limits.peek_timeout, DNS_TCP_BUFFER);
+        dns_server = Some(server);
+    }
+
+    if let Some(l) = listeners.https {
+        tasks.spawn(Arc::clone(&proxy).serve_https(l, stop(shared.drain.child_token())));
+    }
+    if let Some(l) = listeners.http {
+        tasks.spawn(Arc::clone(&proxy).serve_http(l, stop(shared.drain.child_token())));
+    }
+    for (host, port, l) in listeners.forwards {
+        let accepting = shared
+            .forward_stops
+            .get(&(host.clone(), port))
+            .cloned()
+            .unwrap_or_else(|| shared.drain.child_token());
+        tasks.spawn(Arc::clone(&proxy).serve_forward(l, host, port, stop(accepting)));
+    }
+
+    loop {
+        let command = tokio::select! {
+            () = shutdown.cancelled() => break,
+            c = commands.recv() => c,
+        };
+        match command {
+            Some(Command::Forward {
+                host,
+                port,
+                socket,
+                accepting,
+            }) => match TcpListener::from_std(socket) {
+                Ok(l) => {
+                    if let Ok(addr) = l.local_addr() {
+                        info!("{LISTENING_ON}{addr} (forward {host}:{port})");
+                    }
+                    tasks.spawn(Arc::clone(&proxy).serve_forward(l, host, port, stop(accepting)));
+                }
+                Err(error) => warn!(%host, port, %error, "cannot serve a new entry's listener"),
+            },
+            Some(Command::OwnAddress(ip)) => proxy.add_own_address(ip),
+            // The reload task is gone (it only ends at shutdown).
+            None => shutdown.cancelled().await,
+        }
+    }
+    info!("shutting down");
+    let drain = async {
+        if let Some(server) = dns_server.as_mut() {
+            if let Err(error) = server.shutdown_gracefully().await {
+                warn!(%error, "DNS server did not stop cleanly");
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
+        warn!("in-flight work did not finish in time; dropping it");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bind_workers;
+
+    /// Two workers on one HTTP address: every connection is answered whichever worker's socket the
+    /// kernel picked, and cancelling the token stops both.
+    #[test]
+    fn two_workers_serve_one_address_and_stop_together() {
+        use std::io::{Read as _, Write as _};
+        let toml = "hosts = [\"allowed.test\"]\nresolvers = [\"127.0.0.1:9\"]\n\
+                    [listen]\nhttp = \"127.0.0.1:0\"\n[answers]\ndefault = \"127.0.0.2\"\n";
+        let config = agent_sandbox_shared::RouterConfig::from_toml(toml)
+            .unwrap()
+            .validate()
+            .unwrap();
+        let sets = bind_workers(&config, 2).unwrap();
+        assert_eq!(sets.len(), 2);
+        let addrs: Vec<SocketAddr> = sets
+            .iter()
+            .map(|s| s.http.as_ref().unwrap().local_addr().unwrap())
+            .collect();
+        assert_eq!(addrs[0], addrs[1], "one address, one socket per worker");
+        let addr = addrs[0];
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let control = Control {
+            shutdown: stop,
+            ..Control::default()
+        };
+        let server = std::thread::spawn(move || run(config, sets, control, |_| Ok(())));
+        // Many client ports, so both workers' sockets get connections.
+        for i in 0..64 {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.write_all(b"GET / HTTP/1.1\r\nHost: refused.test\r\n\r\n")
+                .unwrap();
+            let mut answer = String::new();
+            let _ = c.read_to_string(&mut answer);
+            assert!(
+                answer.starts_with("HTTP/1.1 403"),
+                "connection {i}: {answer:?}"
+            );
+        }
+        shutdown.cancel();
+        let started = std::time::Instant::now();
+        server.join().unwrap().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+}
