@@ -234,10 +234,10 @@ fn other_extensions() -> impl Strategy<Value = Vec<Vec<u8>>> {
         let mut shares = Vec::new();
         shares.extend_from_slice(&0x11ecu16.to_be_bytes());
         shares.extend_from_slice(&1216u16.to_be_bytes());
-        shares.extend(std::iter::repeat_n(b, 1216));
+        shares.extend(std::iter::repeat(b).take(1216));
         shares.extend_from_slice(&0x001du16.to_be_bytes());
         shares.extend_from_slice(&32u16.to_be_bytes());
-        shares.extend(std::iter::repeat_n(b ^ 0x55, 32));
+        shares.extend(std::iter::repeat(b ^ 0x55).take(32));
         let mut data = (shares.len() as u16).to_be_bytes().to_vec();
         data.extend_from_slice(&shares);
         build::extension(51, &data)
