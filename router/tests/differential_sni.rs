@@ -369,3 +369,24 @@ fn real_rustls_client_hellos_route_by_their_name() {
     }
     assert_eq!(checked, 300);
 }
+
+/// The generator is worth its cases: a fair share of generated hellos is routed (so the comparison with
+/// rustls happens) and a fair share refused (so the hostile shapes are reached).
+#[test]
+fn generated_hellos_reach_both_outcomes() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = hello();
+    let (mut routed, mut refused) = (0, 0);
+    for _ in 0..1000 {
+        let (bytes, cuts) = strategy.new_tree(&mut runner).unwrap().current();
+        check(&bytes, &cuts).unwrap();
+        match router_name(&bytes, &cuts) {
+            Some(_) => routed += 1,
+            None => refused += 1,
+        }
+    }
+    assert!(
+        routed >= 200 && refused >= 200,
+        "routed {routed}, refused {refused}"
+    );
+}
