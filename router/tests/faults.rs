@@ -1,0 +1,524 @@
+//! Fault injection: upstreams, the resolver and clients misbehave; the client must get a prompt, clear
+//! result and the router must keep no descriptor afterwards.
+//!
+//! Every test runs the real router binary in a network namespace of its own (see `lab`): loopback and a
+//! veth to the upstreams' namespace, no default route. The bounds each test states are the router's
+//! configured timeouts (peek 2 s, connect 2 s) plus a second of slack for a loaded machine. After each
+//! fault the router's descriptor count (/proc/PID/fd) must fall back to what it was before.
+
+mod lab;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use agent_sandbox_router::proxy::tls::build;
+use lab::{reset_on_close, Dns, DnsBehaviour, Lab, RouterProc, Upstream};
+
+/// The router's peek and connect timeouts in these tests.
+const TIMEOUT_SECS: u64 = 2;
+/// Slack over a configured timeout before a reply counts as late.
+const SLACK: Duration = Duration::from_secs(1);
+/// How long descriptors may take to be released after a connection ends.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// A lab, its resolver and a router resolving every `*.test` name through it.
+struct Fixture {
+    lab: Lab,
+    dns: Dns,
+    router: RouterProc,
+    /// The router's descriptor count when idle.
+    baseline: usize,
+}
+
+impl Fixture {
+    fn new() -> Option<Fixture> {
+        Fixture::with_resolver(None)
+    }
+
+    /// `resolver`: use this address instead of the test's DNS server.
+    fn with_resolver(resolver: Option<SocketAddr>) -> Option<Fixture> {
+        if !lab::require_netns() {
+            return None;
+        }
+        let lab = Lab::new(8);
+        let dns = Dns::start(&lab);
+        let toml = format!(
+            "subdomains = [\"test\"]\nresolvers = [\"{}\"]\npeek_timeout_secs = {TIMEOUT_SECS}\nconnect_timeout_secs = {TIMEOUT_SECS}\n",
+            resolver.unwrap_or(dns.addr)
+        );
+        let router = RouterProc::start(&lab, &toml);
+        let baseline = router.fds();
+        Some(Fixture {
+            lab,
+            dns,
+            router,
+            baseline,
+        })
+    }
+
+    /// Names `name` → the `i`th upstream address.
+    fn upstream_name(&self, name: &str, i: usize) -> IpAddr {
+        let ip = self.lab.upstream_ips[i];
+        self.dns.set(name, DnsBehaviour::A(ip));
+        IpAddr::V4(ip)
+    }
+
+    fn settle(&self, what: &str) {
+        self.router.wait_fds(self.baseline, SETTLE, what);
+    }
+}
+
+/// Sends `request` and reads until the router closes; returns everything read and how long it took.
+fn exchange(s: &mut TcpStream, request: &[u8]) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    s.write_all(request).unwrap();
+    (read_until_close(s), start.elapsed())
+}
+
+/// Reads until EOF or a reset.
+fn read_until_close(s: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return out,
+            // SIGCHLD from the test's own helper processes (ip, nft) interrupts blocking reads.
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => panic!("read: {e} after {} bytes", out.len()),
+        }
+    }
+}
+
+fn get(host: &str) -> Vec<u8> {
+    format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").into_bytes()
+}
+
+/// Asserts an HTTP error reply: `status`, a body naming `host` and containing `reason`, within `bound`.
+fn assert_http_error(
+    reply: &[u8],
+    took: Duration,
+    bound: Duration,
+    status: u16,
+    host: &str,
+    reason: &str,
+) {
+    let text = String::from_utf8_lossy(reply);
+    assert!(
+        text.starts_with(&format!("HTTP/1.1 {status} ")),
+        "expected {status}, got {text:?}"
+    );
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert!(body.contains(host), "body does not name {host}: {body:?}");
+    assert!(
+        body.to_lowercase().contains(reason),
+        "body does not say {reason:?}: {body:?}"
+    );
+    assert!(
+        took <= bound,
+        "{status} for {host} took {took:?} (bound {bound:?})"
+    );
+}
+
+/// Asserts a fatal TLS alert with `description` within `bound`, then the close.
+fn assert_alert(reply: &[u8], took: Duration, bound: Duration, description: u8) {
+    assert_eq!(
+        reply,
+        [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, description],
+        "expected alert {description}"
+    );
+    assert!(took <= bound, "alert took {took:?} (bound {bound:?})");
+}
+
+fn connect_bound() -> Duration {
+    Duration::from_secs(TIMEOUT_SECS) + SLACK
+}
+
+#[test]
+fn upstream_refuses() {
+    let Some(f) = Fixture::new() else { return };
+    f.upstream_name("refuses.test", 0);
+    let mut c = f.lab.connect(f.router.http);
+    let (reply, took) = exchange(&mut c, &get("refuses.test"));
+    assert_http_error(&reply, took, SLACK, 502, "refuses.test", "refused");
+    let mut c = f.lab.connect(f.router.https);
+    let (reply, took) = exchange(&mut c, &build::hello_record(&[b"refuses.test"], 0));
+    assert_alert(&reply, took, SLACK, 80);
+    drop(c);
+    f.settle("upstream refuses");
+}
+
+#[test]
+fn upstream_black_holes_syns() {
+    let Some(f) = Fixture::new() else { return };
+    let ip = f.upstream_name("blackhole.test", 1);
+    // Inside U only: SYNs to this address vanish, as behind a dropping firewall.
+    f.lab.nft_u(&format!(
+        "table inet asl {{ chain input {{ type filter hook input priority 0; ip daddr {ip} tcp flags syn drop\n }}\n}}\n"
+    ));
+    let mut c = f.lab.connect(f.router.http);
+    let (reply, took) = exchange(&mut c, &get("blackhole.test"));
+    assert_http_error(
+        &reply,
+        took,
+        connect_bound(),
+        502,
+        "blackhole.test",
+        "timed out",
+    );
+    let mut c = f.lab.connect(f.router.https);
+    let (reply, took) = exchange(&mut c, &build::hello_record(&[b"blackhole.test"], 0));
+    assert_alert(&reply, took, connect_bound(), 80);
+    drop(c);
+    f.settle("upstream black-holes SYNs");
+}
+
+#[test]
+fn upstream_resets_mid_response() {
+    let Some(f) = Fixture::new() else { return };
+    let ip = f.upstream_name("reset.test", 2);
+    let _up = Upstream::start(&f.lab, SocketAddr::new(ip, 80), |mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
+        let _ = s.write_all(&[b'x'; 1000]);
+        reset_on_close(&s);
+    });
+    let mut c = f.lab.connect(f.router.http);
+    let (reply, took) = exchange(&mut c, &get("reset.test"));
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text:?}");
+    assert!(reply.len() < 100_000, "a reset response cannot be complete");
+    assert!(took <= SLACK, "the reset took {took:?} to reach the client");
+    drop(c);
+    f.settle("upstream resets mid-response");
+}
+
+#[test]
+fn upstream_accepts_and_never_answers() {
+    let Some(f) = Fixture::new() else { return };
+    let ip = f.upstream_name("silent-upstream.test", 3);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _up = Upstream::start(&f.lab, SocketAddr::new(ip, 80), move |mut s| {
+        // Read the request and whatever follows, never answer; report when the router closes.
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = tx.send(());
+    });
+    let mut c = f.lab.connect(f.router.http);
+    c.write_all(&get("silent-upstream.test")).unwrap();
+    // The router has no upstream response timeout of its own (the relay's idle timeout is not wired):
+    // the client's own patience decides. What must hold is that nothing is answered in its place and
+    // that giving up frees everything at once.
+    c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match c.read(&mut buf) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+            other => panic!("expected silence, got {other:?}"),
+        }
+    }
+    // The measure is live: both sides of the relay are open now.
+    assert!(
+        f.router.fds() >= f.baseline + 2,
+        "fd count does not see connections"
+    );
+    drop(c);
+    rx.recv_timeout(SLACK)
+        .expect("the router kept the upstream connection after the client left");
+    f.settle("upstream never answers");
+}
+
+/// Peak resident memory growth of the router while `work` runs, in bytes.
+fn rss_growth(pid: u32, work: impl FnOnce() + Send) -> u64 {
+    let rss = move || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let before = rss();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let peak = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak.max(rss())
+        });
+        work();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    });
+    peak.saturating_sub(before)
+}
+
+/// Bytes pushed through a slow reader: far more than socket buffers hold, so the router must apply
+/// back-pressure instead of buffering.
+const BULK: usize = 32 * 1024 * 1024;
+/// The most the router's memory may grow while BULK bytes pass through it.
+const MAX_GROWTH: u64 = 8 * 1024 * 1024;
+
+#[test]
+fn upstream_reads_slowly_back_pressure() {
+    let Some(f) = Fixture::new() else { return };
+    let ip = f.upstream_name("slow-reader.test", 4);
+    let _up = Upstream::start(&f.lab, SocketAddr::new(ip, 80), |mut s| {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let mut got = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        while got < BULK {
+            match s.read(&mut buf) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let body = got.to_string();
+        let _ = write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    });
+    let mut c = f.lab.connect(f.router.http);
+    let mut reply = Vec::new();
+    let growth = rss_growth(f.router.pid(), || {
+        write!(
+            c,
+            "POST /up HTTP/1.1\r\nHost: slow-reader.test\r\nContent-Length: {BULK}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let chunk = vec![b'u'; 256 * 1024];
+        for _ in 0..BULK / chunk.len() {
+            c.write_all(&chunk).unwrap();
+        }
+        reply = read_until_close(&mut c);
+    });
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text:?}");
+    assert!(text.ends_with(&BULK.to_string()), "upstream got {text:?}");
+    assert!(
+        growth < MAX_GROWTH,
+        "router grew by {growth} bytes relaying {BULK} to a slow reader"
+    );
+    drop(c);
+    f.settle("upstream reads slowly");
+}
+
+#[test]
+fn client_reads_slowly_back_pressure() {
+    let Some(f) = Fixture::new() else { return };
+    let ip = f.upstream_name("fast-writer.test", 4);
+    let _up = Upstream::start(&f.lab, SocketAddr::new(ip, 80), |mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {BULK}\r\n\r\n");
+        let chunk = vec![b'd'; 256 * 1024];
+        for _ in 0..BULK / chunk.len() {
+            if s.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let mut c = f.lab.connect(f.router.http);
+    c.write_all(&get("fast-writer.test")).unwrap();
+    let mut total = 0;
+    let growth = rss_growth(f.router.pid(), || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match c.read(&mut buf) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    assert!(total > BULK, "client got {total} bytes");
+    assert!(
+        growth < MAX_GROWTH,
+        "router grew by {growth} bytes relaying {BULK} to a slow client"
+    );
+    drop(c);
+    f.settle("client reads slowly");
+}
+
+#[test]
+fn upstream_half_closes() {
+    let Some(f) = Fixture::new() else { return };
+    let ip = f.upstream_name("half-close.test", 5);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _up = Upstream::start(&f.lab, SocketAddr::new(ip, 80), move |mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        // A close-delimited HTTP/1.0 response, then only our sending side closes.
+        let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\nhalf-closed body");
+        let _ = s.shutdown(Shutdown::Write);
+        let _ = s.read(&mut buf);
+        let _ = tx.send(());
+    });
+    let mut c = f.lab.connect(f.router.http);
+    let (reply, took) = exchange(&mut c, b"GET / HTTP/1.0\r\nHost: half-close.test\r\n\r\n");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.ends_with("half-closed body"), "{text:?}");
+    assert!(
+        took <= SLACK,
+        "the half-close took {took:?} to reach the client"
+    );
+    drop(c);
+    rx.recv_timeout(SETTLE)
+        .expect("the router kept the upstream connection open");
+    f.settle("upstream half-closes");
+}
+
+/// Names answered by the resolver in each faulty way, and the reason the 502 must give.
+#[test]
+fn resolver_faults() {
+    let Some(f) = Fixture::new() else { return };
+    let fast = SLACK;
+    let cases: [(&str, DnsBehaviour, Duration, &str); 4] = [
+        ("servfail.test", DnsBehaviour::ServFail, fast, "resolve"),
+        ("truncated.test", DnsBehaviour::Truncated, fast, "resolve"),
+        (
+            "slow.test",
+            DnsBehaviour::Slow(Duration::from_secs(10), f.lab.upstream_ips[0]),
+            connect_bound(),
+            "timed out",
+        ),
+        (
+            "silent.test",
+            DnsBehaviour::Silent,
+            connect_bound(),
+            "resolv",
+        ),
+    ];
+    for (name, behaviour, bound, reason) in cases {
+        f.dns.set(name, behaviour);
+        let mut c = f.lab.connect(f.router.http);
+        let (reply, took) = exchange(&mut c, &get(name));
+        assert_http_error(&reply, took, bound, 502, name, reason);
+        let mut c = f.lab.connect(f.router.https);
+        let (reply, took) = exchange(&mut c, &build::hello_record(&[name.as_bytes()], 0));
+        assert_alert(&reply, took, bound, 80);
+    }
+    f.settle("resolver faults");
+}
+
+#[test]
+fn resolver_down() {
+    // Port 9 on R's loopback: nothing listens, so every query is refused by the kernel.
+    let Some(f) = Fixture::with_resolver(Some("127.0.0.1:9".parse().unwrap())) else {
+        return;
+    };
+    let mut c = f.lab.connect(f.router.http);
+    let (reply, took) = exchange(&mut c, &get("anything.test"));
+    assert_http_error(
+        &reply,
+        took,
+        connect_bound(),
+        502,
+        "anything.test",
+        "resolv",
+    );
+    f.settle("resolver down");
+}
+
+#[test]
+fn client_resets_mid_hello() {
+    let Some(f) = Fixture::new() else { return };
+    let hello = build::hello_record(&[b"reset-client.test"], 2000);
+    for cut in [1, 5, 6, 100, hello.len() - 1] {
+        let mut c = f.lab.connect(f.router.https);
+        c.write_all(&hello[..cut]).unwrap();
+        reset_on_close(&c);
+        drop(c);
+    }
+    let mut c = f.lab.connect(f.router.http);
+    c.write_all(b"GET / HTTP/1.1\r\nHost: reset-cl").unwrap();
+    reset_on_close(&c);
+    drop(c);
+    f.settle("client resets mid-hello");
+}
+
+#[test]
+fn client_sends_nothing() {
+    let Some(f) = Fixture::new() else { return };
+    let bound = Duration::from_secs(TIMEOUT_SECS) + SLACK;
+    let mut tls = f.lab.connect(f.router.https);
+    let mut http = f.lab.connect(f.router.http);
+    let (reply, took) = exchange(&mut tls, b"");
+    assert_alert(&reply, took, bound, 49);
+    let (reply, took) = exchange(&mut http, b"");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text:?}");
+    assert!(took <= bound, "408 took {took:?}");
+    drop((tls, http));
+    f.settle("client sends nothing");
+}
+
+#[test]
+fn client_half_closes_early() {
+    let Some(f) = Fixture::new() else { return };
+    let hello = build::hello_record(&[b"half.test"], 0);
+    // Half a hello, then EOF: the hello can never complete, so the router closes at once.
+    let mut c = f.lab.connect(f.router.https);
+    c.write_all(&hello[..hello.len() / 2]).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let start = Instant::now();
+    let rest = read_until_close(&mut c);
+    assert!(start.elapsed() <= SLACK, "took {:?}", start.elapsed());
+    assert!(
+        rest.is_empty() || rest[0] == 0x15,
+        "only an alert or nothing: {rest:?}"
+    );
+    // Half a request head, then EOF.
+    let mut c = f.lab.connect(f.router.http);
+    c.write_all(b"GET / HTTP/1.1\r\nHost: half.te").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let start = Instant::now();
+    let rest = read_until_close(&mut c);
+    assert!(start.elapsed() <= SLACK, "took {:?}", start.elapsed());
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.is_empty() || text.starts_with("HTTP/1.1 400 "),
+        "{text:?}"
+    );
+    // A whole request, then EOF: legal, and the answer must still come.
+    let ip = f.upstream_name("half-ok.test", 6);
+    let _up = Upstream::start(&f.lab, SocketAddr::new(ip, 80), |mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+    });
+    let mut c = f.lab.connect(f.router.http);
+    c.write_all(&get("half-ok.test")).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let start = Instant::now();
+    let reply = read_until_close(&mut c);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.starts_with("HTTP/1.1 200 OK") && text.ends_with("ok"),
+        "{text:?}"
+    );
+    assert!(start.elapsed() <= SLACK, "took {:?}", start.elapsed());
+    drop(c);
+    f.settle("client half-closes early");
+}
