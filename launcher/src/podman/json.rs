@@ -14,6 +14,10 @@ use std::path::PathBuf;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
+/// The largest answer read: far above any real one (a listing of thousands of containers is a few MB),
+/// so a runaway answer is refused instead of parsed.
+pub const MAX_JSON_BYTES: usize = 64 << 20;
+
 /// podman's JSON could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot parse `podman {command}`: {source}")]
@@ -26,6 +30,14 @@ pub struct JsonError {
 }
 
 fn parse<T: DeserializeOwned>(command: &'static str, json: &str) -> Result<T, JsonError> {
+    if json.len() > MAX_JSON_BYTES {
+        return Err(JsonError {
+            command,
+            source: serde::de::Error::custom(format!(
+                "the answer is larger than {MAX_JSON_BYTES} bytes"
+            )),
+        });
+    }
     serde_json::from_str(json).map_err(|source| JsonError { command, source })
 }
 
@@ -423,5 +435,10 @@ mod tests {
         let c = Container::parse_list(r#"[{"Names":["a"],"Labels":null}]"#).unwrap();
         assert!(c[0].labels.is_empty());
         assert!(Pod::parse_list("{").is_err());
+        let huge = format!("[{}]", " ".repeat(MAX_JSON_BYTES));
+        assert!(Pod::parse_list(&huge)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than"));
     }
 }
