@@ -53,7 +53,7 @@ impl Cleanup {
                 attempt("the router", args::rm(router));
             }
         });
-        // The directory before the network (see `start`).
+        // The directory before the network (see `plan` in start.rs).
         if let Some(dir) = self.dir.take() {
             let _ = fs::remove_dir_all(dir);
         }
