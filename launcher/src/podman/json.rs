@@ -319,15 +319,39 @@ mod tests {
     }
 
     #[test]
-    fn info_rootless_of_podman_5() {
-        let info = Info::parse(sample!("5.8.2", "info-rootless.json")).unwrap();
-        assert!(info.host.security.rootless);
-        assert!(info.subordinate_ids());
-        assert_eq!(info.host.id_mappings.uidmap[1].host_id, 524_288);
-        assert_eq!(
-            info.paths().last().unwrap(),
-            &PathBuf::from("/run/user/1000/podman/podman.sock")
-        );
+    fn info_rootless_of_each_version() {
+        for (version, json, uid, home, run) in [
+            (
+                "4.3.1",
+                sample!("4.3.1", "info-rootless.json"),
+                1001,
+                "/home/agent-sandbox-e2e",
+                "/tmp/podman-run-1001",
+            ),
+            (
+                "5.8.2",
+                sample!("5.8.2", "info-rootless.json"),
+                1000,
+                "/home/me",
+                "/run/user/1000",
+            ),
+        ] {
+            let info = Info::parse(json).unwrap();
+            assert!(info.host.security.rootless, "{version}");
+            assert!(info.subordinate_ids(), "{version}");
+            assert_eq!(info.host.id_mappings.uidmap[0].host_id, uid, "{version}");
+            let paths = info.paths();
+            assert_eq!(
+                paths[0],
+                PathBuf::from(format!("{home}/.local/share/containers/storage")),
+                "{version}"
+            );
+            assert_eq!(
+                paths.last().unwrap(),
+                &PathBuf::from(format!("{run}/podman/podman.sock")),
+                "{version}"
+            );
+        }
     }
 
     #[test]
