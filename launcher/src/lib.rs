@@ -41,12 +41,14 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
         Action::Session(command) => {
             let signals = SignalWatch::install()?;
             match session::run(&podman, &settings, command, &signals) {
-                Err(e) if e.downcast_ref::<session::Interrupted>().is_some() => {
-                    let sig = e.downcast_ref::<session::Interrupted>().map_or(2, |i| i.0);
-                    eprintln!("agent-sandbox: {e}");
-                    Ok(128 + sig)
-                }
-                other => other,
+                Ok(code) => Ok(code),
+                Err(e) => match e.interrupted_exit_code() {
+                    Some(code) => {
+                        eprintln!("agent-sandbox: {e}");
+                        Ok(code)
+                    }
+                    None => Err(e.into()),
+                },
             }
         }
     }

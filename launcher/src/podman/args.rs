@@ -1,0 +1,765 @@
+//! The argument vectors: one pure function per podman command the launcher runs, from a spec (see
+//! `spec.rs`) to the words after `podman`. The security-relevant flags are asserted by the tests below.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::{
+    ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
+    FORWARDER_LOG_MAX, FORWARDER_PATH, LABEL_SESSION, LABEL_SHARED, NO_HOST_ENV, NO_IPV6,
+    ROUTER_CONFIG_PATH, ROUTER_LOG_MAX, STOP_TIMEOUT_SECS,
+};
+
+/// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
+/// a builder below reads like the podman command line it makes.
+#[derive(Debug, Default)]
+struct Argv(Vec<OsString>);
+
+impl Argv {
+    fn new(words: &[&str]) -> Argv {
+        Argv(words.iter().map(OsString::from).collect())
+    }
+
+    fn arg(&mut self, a: impl Into<OsString>) -> &mut Argv {
+        self.0.push(a.into());
+        self
+    }
+
+    fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(&mut self, items: I) -> &mut Argv {
+        self.0.extend(items.into_iter().map(Into::into));
+        self
+    }
+
+    fn opt(&mut self, flag: &str, value: impl Into<OsString>) -> &mut Argv {
+        self.arg(flag).arg(value)
+    }
+
+    fn labels(&mut self, labels: &SessionLabels) -> &mut Argv {
+        self.args(labels.args())
+    }
+
+    fn done(&mut self) -> Vec<OsString> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+/// `SRC:DST` plus options (`:ro`, `:U`), for `--volume`.
+fn mount(src: &Path, dst: &Path, opts: &str) -> OsString {
+    let mut m = src.as_os_str().to_owned();
+    m.push(":");
+    m.push(dst.as_os_str());
+    m.push(opts);
+    m
+}
+
+/// `podman info` as JSON: rootless or not, id mappings.
+#[must_use]
+pub fn info() -> Vec<OsString> {
+    Argv::new(&["info", "--format", "json"]).done()
+}
+
+/// Exit 0 if the image is in local storage.
+#[must_use]
+pub fn image_exists(image: &str) -> Vec<OsString> {
+    Argv::new(&["image", "exists", image]).done()
+}
+
+/// The ids of images in local storage; fails if any is missing.
+#[must_use]
+pub fn image_ids(images: &[&str]) -> Vec<OsString> {
+    Argv::new(&["image", "inspect", "--format", "{{.Id}}"])
+        .args(images.iter().copied())
+        .done()
+}
+
+/// Fetches a registry image (release builds pin registry images).
+#[must_use]
+pub fn image_pull(image: &str) -> Vec<OsString> {
+    Argv::new(&["pull", image]).done()
+}
+
+/// Exit 0 if the network exists.
+#[must_use]
+pub fn network_exists(name: &str) -> Vec<OsString> {
+    Argv::new(&["network", "exists", name]).done()
+}
+
+/// The shared egress network: an ordinary bridge with DNS, so the router resolves upstream names
+/// (and, in tests, other containers' aliases) through podman's resolver.
+#[must_use]
+pub fn network_create_egress(name: &str) -> Vec<OsString> {
+    Argv::new(&["network", "create"])
+        .opt("--label", format!("{LABEL_SHARED}=egress"))
+        .arg(name)
+        .done()
+}
+
+/// The session network: `--internal` (no route out) and `--disable-dns` (no aardvark-dns, which on
+/// older podman forwards queries upstream from internal networks too).
+#[must_use]
+pub fn network_create_session(spec: &NetworkSpec) -> Vec<OsString> {
+    Argv::new(&["network", "create", "--internal", "--disable-dns"])
+        .labels(&spec.labels)
+        .arg(&spec.name)
+        .done()
+}
+
+/// The network as JSON (subnets, gateways, whether DNS is enabled).
+#[must_use]
+pub fn network_inspect(name: &str) -> Vec<OsString> {
+    Argv::new(&["network", "inspect", name]).done()
+}
+
+/// Removes a network and anything still attached to it.
+#[must_use]
+pub fn network_rm(name: &str) -> Vec<OsString> {
+    Argv::new(&["network", "rm", "--force", name]).done()
+}
+
+/// Exit 0 if the volume exists.
+#[must_use]
+pub fn volume_exists(name: &str) -> Vec<OsString> {
+    Argv::new(&["volume", "exists", name]).done()
+}
+
+/// Creates the home volume (kept between sessions, shared by all of them).
+#[must_use]
+pub fn volume_create(name: &str) -> Vec<OsString> {
+    Argv::new(&["volume", "create"])
+        .opt("--label", format!("{LABEL_SHARED}=home"))
+        .arg(name)
+        .done()
+}
+
+/// The volume's directory on the host, to check who owns it.
+#[must_use]
+pub fn volume_mountpoint(name: &str) -> Vec<OsString> {
+    Argv::new(&["volume", "inspect", "--format", "{{.Mountpoint}}", name]).done()
+}
+
+/// The router: on the session network at its fixed address and on the egress network; read-only root
+/// filesystem; every capability dropped. It binds 53/80/443 as its non-root image user thanks to
+/// `ip_unprivileged_port_start` in its own network namespace, so it needs no capability at all.
+#[must_use]
+pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
+    Argv::new(&["run", "--detach"])
+        .opt("--name", &spec.name)
+        .labels(&spec.labels)
+        .arg("--pull=never")
+        .opt(
+            "--network",
+            format!("{}:ip={}", spec.session_network, spec.session_ip),
+        )
+        .opt("--network", &spec.egress_network)
+        .args(NO_HOST_ENV)
+        .arg("--read-only")
+        .opt("--cap-drop", "ALL")
+        .opt("--sysctl", "net.ipv4.ip_unprivileged_port_start=53")
+        .opt("--log-driver", "k8s-file")
+        .opt("--log-opt", format!("max-size={ROUTER_LOG_MAX}"))
+        .opt("--security-opt", "no-new-privileges")
+        .opt("--security-opt", "label=disable")
+        .opt(
+            "--volume",
+            mount(&spec.config_file, Path::new(ROUTER_CONFIG_PATH), ":ro"),
+        )
+        .arg(&spec.image)
+        // One worker thread: a session's router serves one sandbox, and the sandbox keeps the
+        // other cores (measured: less CPU per connection than one thread per core).
+        .args([
+            "--config",
+            ROUTER_CONFIG_PATH,
+            "--log-format",
+            "json",
+            "--threads",
+            "1",
+        ])
+        .done()
+}
+
+/// The pod: its only network is the session network, its only resolver the router, its hosts file
+/// is not generated from the host's (the sandbox mounts a localhost-only one), and IPv6 is disabled
+/// in its network namespace.
+#[must_use]
+pub fn pod_create(spec: &PodSpec) -> Vec<OsString> {
+    let mut a = Argv::new(&["pod", "create"]);
+    a.opt("--name", &spec.name)
+        .labels(&spec.labels)
+        .opt("--network", &spec.network)
+        .opt("--dns", spec.dns.to_string())
+        .arg("--no-hosts")
+        .args(NO_IPV6.iter().flat_map(|s| ["--sysctl", *s]));
+    // A user namespace cannot be set per container in a pod: keep-id goes on the pod.
+    if spec.user == UserMapping::KeepId {
+        a.arg("--userns=keep-id");
+    }
+    a.done()
+}
+
+/// The forwarder in the pod: read-only, no capability but NET_BIND_SERVICE (it binds 80/443 and port
+/// entries below 1024 on the loopback addresses).
+#[must_use]
+pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
+    Argv::new(&["run", "--detach"])
+        .opt("--name", &spec.name)
+        .opt("--pod", &spec.pod)
+        .labels(&spec.labels)
+        .arg("--pull=never")
+        .args(NO_HOST_ENV)
+        .arg("--read-only")
+        .opt("--cap-drop", "ALL")
+        .opt("--cap-add", "NET_BIND_SERVICE")
+        .opt("--log-driver", "k8s-file")
+        .opt("--log-opt", format!("max-size={FORWARDER_LOG_MAX}"))
+        .opt("--security-opt", "no-new-privileges")
+        .opt("--security-opt", "label=disable")
+        .opt("--entrypoint", FORWARDER_PATH)
+        .arg(&spec.image)
+        .args(&spec.relays)
+        .done()
+}
+
+/// The sandbox: the project at its own path (read-write, not recursive, no relabelling), the home volume, the
+/// session's hosts and resolv.conf read-only, every capability dropped, no new privileges.
+///
+/// `unmask=/proc/*` lets nested podman mount /proc for its containers (the kernel refuses a new proc
+/// mount while parts of /proc are masked); /sys stays masked. It is given only to a non-root sandbox
+/// user, which owns nothing under /proc/sys and has no capability to use the rest.
+#[must_use]
+pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
+    let mut a = Argv::new(&["run"]);
+    a.opt("--name", &spec.name)
+        .opt("--pod", &spec.pod)
+        .labels(&spec.labels)
+        .arg("--interactive");
+    if spec.tty {
+        // Ctrl-P is an ordinary key for the programs in the sandbox (shell history, editors, Claude);
+        // podman's default detach sequence (ctrl-p,ctrl-q) would swallow it.
+        a.arg("--tty").opt("--detach-keys", "");
+    }
+    let non_root = match &spec.user {
+        UserMapping::KeepId => true,
+        UserMapping::Host { uid, gid } => {
+            a.opt("--user", format!("{uid}:{gid}"));
+            *uid != 0
+        }
+    };
+    if let Some(entry) = &spec.passwd_entry {
+        a.opt("--passwd-entry", entry);
+    }
+    // The command's output goes to the launcher's terminal or pipes only: with a log driver, podman
+    // would also copy every byte (every redraw of a TUI) into a file in its storage for the whole
+    // session.
+    a.arg("--pull=never")
+        .args(NO_HOST_ENV)
+        .opt("--log-driver", "none")
+        .arg("--init")
+        .opt("--cap-drop", "ALL")
+        .opt("--security-opt", "no-new-privileges")
+        .opt("--security-opt", "label=disable");
+    if non_root {
+        a.opt("--security-opt", "unmask=/proc/*");
+    }
+    let home_opts = if spec.chown_home { ":U" } else { "" };
+    let mut home_env = OsString::from("HOME=");
+    home_env.push(spec.home.as_os_str());
+    // `:bind`, not podman's default `rbind`: mounts below the project on the host (a USB disk, an
+    // sshfs, a bind of ~/.ssh) are not carried into the sandbox.
+    a.opt("--volume", mount(&spec.project, &spec.project, ":bind"))
+        .opt("--workdir", &spec.project)
+        .opt(
+            "--volume",
+            mount(Path::new(&spec.home_volume), &spec.home, home_opts),
+        )
+        .opt("--env", home_env)
+        .opt(
+            "--volume",
+            mount(&spec.hosts_file, Path::new("/etc/hosts"), ":ro"),
+        )
+        .opt(
+            "--volume",
+            mount(&spec.resolv_file, Path::new("/etc/resolv.conf"), ":ro"),
+        );
+    for name in &spec.pass_env {
+        a.opt("--env", name);
+    }
+    a.arg(&spec.image).args(spec.command.iter().cloned()).done()
+}
+
+/// `podman ps|pod ps|network ls` of every object carrying the session label, as JSON.
+fn list_sessions(command: &[&str]) -> Vec<OsString> {
+    Argv::new(command)
+        .opt("--filter", format!("label={LABEL_SESSION}"))
+        .opt("--format", "json")
+        .done()
+}
+
+/// Containers (JSON) carrying the session label, of any session.
+#[must_use]
+pub fn ps_sessions() -> Vec<OsString> {
+    list_sessions(&["ps", "--all"])
+}
+
+/// Pods (JSON) carrying the session label.
+#[must_use]
+pub fn pod_ps_sessions() -> Vec<OsString> {
+    list_sessions(&["pod", "ps"])
+}
+
+/// Networks (JSON) carrying the session label.
+#[must_use]
+pub fn network_ls_sessions() -> Vec<OsString> {
+    list_sessions(&["network", "ls"])
+}
+
+/// Removes a pod and its containers.
+#[must_use]
+pub fn pod_rm(name: &str) -> Vec<OsString> {
+    Argv::new(&["pod", "rm", "--force"])
+        .opt("--time", STOP_TIMEOUT_SECS.to_string())
+        .arg(name)
+        .done()
+}
+
+/// Removes a container.
+#[must_use]
+pub fn rm(name: &str) -> Vec<OsString> {
+    Argv::new(&["rm", "--force"])
+        .opt("--time", STOP_TIMEOUT_SECS.to_string())
+        .arg(name)
+        .done()
+}
+
+/// Sends a signal (by number) to a container's main process.
+#[must_use]
+pub fn kill(name: &str, signal: i32) -> Vec<OsString> {
+    Argv::new(&["kill"])
+        .opt("--signal", signal.to_string())
+        .arg(name)
+        .done()
+}
+
+/// Kills a pod's containers at once (the launcher was told to stop and the command did not).
+#[must_use]
+pub fn pod_kill(name: &str) -> Vec<OsString> {
+    Argv::new(&["pod", "kill", name]).done()
+}
+
+/// A container's log, stdout and stderr.
+#[must_use]
+pub fn logs(name: &str) -> Vec<OsString> {
+    Argv::new(&["logs", name]).done()
+}
+
+/// Whether a container is running, and its exit code.
+#[must_use]
+pub fn container_state(name: &str) -> Vec<OsString> {
+    Argv::new(&["container", "inspect"])
+        .opt("--format", "{{.State.Running}} {{.State.ExitCode}}")
+        .arg(name)
+        .done()
+}
+
+/// Builds an image from a Containerfile.
+#[must_use]
+pub fn build(
+    containerfile: &Path,
+    context: &Path,
+    tag: &str,
+    build_args: &[(String, String)],
+    secrets: &[(String, PathBuf)],
+) -> Vec<OsString> {
+    let mut a = Argv::new(&["build"]);
+    a.opt("--tag", tag).opt("--file", containerfile);
+    for (k, val) in build_args {
+        a.opt("--build-arg", format!("{k}={val}"));
+    }
+    for (id, src) in secrets {
+        let mut secret = OsString::from(format!("id={id},src="));
+        secret.push(src.as_os_str());
+        a.opt("--secret", secret);
+    }
+    a.arg(context).done()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    fn labels() -> SessionLabels {
+        SessionLabels {
+            session: "abc123".into(),
+            pid: 42,
+            start: 777,
+            boot: "boot-1".into(),
+            project: "/home/me/src/p".into(),
+        }
+    }
+
+    fn strs(v: &[OsString]) -> Vec<String> {
+        v.iter().map(|s| s.to_string_lossy().into_owned()).collect()
+    }
+
+    /// True if `needle` appears as consecutive elements of `hay`.
+    fn has(hay: &[String], needle: &[&str]) -> bool {
+        hay.windows(needle.len())
+            .any(|w| w.iter().zip(needle).all(|(a, b)| a == b))
+    }
+
+    fn count(hay: &[String], item: &str) -> usize {
+        hay.iter().filter(|s| *s == item).count()
+    }
+
+    fn router() -> RouterSpec {
+        RouterSpec {
+            name: "agent-sandbox-abc123-router".into(),
+            labels: labels(),
+            image: "localhost/agent-sandbox-router:dev".into(),
+            session_network: "agent-sandbox-abc123".into(),
+            session_ip: Ipv4Addr::new(10, 89, 3, 2),
+            egress_network: "agent-sandbox-egress".into(),
+            config_file: "/tmp/s/router.toml".into(),
+        }
+    }
+
+    fn sandbox(user: UserMapping) -> SandboxSpec {
+        SandboxSpec {
+            name: "agent-sandbox-abc123-sandbox".into(),
+            labels: labels(),
+            pod: "agent-sandbox-abc123".into(),
+            image: "localhost/agent-sandbox:dev".into(),
+            user,
+            passwd_entry: Some("me:*:1000:1000:me:/home/me:/bin/bash".into()),
+            project: "/home/me/src/p".into(),
+            home_volume: "agent-sandbox-home".into(),
+            home: "/home/me".into(),
+            chown_home: false,
+            hosts_file: "/tmp/s/hosts".into(),
+            resolv_file: "/tmp/s/resolv.conf".into(),
+            tty: false,
+            pass_env: vec!["TERM".into()],
+            command: vec!["claude".into(), "--continue".into()],
+        }
+    }
+
+    #[test]
+    fn labels_name_the_session_on_every_object() {
+        let l = labels();
+        let net = strs(&network_create_session(&NetworkSpec {
+            name: "n".into(),
+            labels: l.clone(),
+        }));
+        let r = strs(&router_run(&router()));
+        let pod = strs(&pod_create(&PodSpec {
+            name: "p".into(),
+            labels: l.clone(),
+            network: "n".into(),
+            dns: Ipv4Addr::new(10, 89, 3, 2),
+            user: UserMapping::KeepId,
+        }));
+        let f = strs(&forwarder_run(&ForwarderSpec {
+            name: "f".into(),
+            labels: l.clone(),
+            pod: "p".into(),
+            image: "i".into(),
+            relays: vec!["127.0.0.2:443=10.89.3.2:443".into()],
+        }));
+        let s = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        for argv in [net, r, pod, f, s] {
+            for needle in [
+                "agent-sandbox.session=abc123",
+                "agent-sandbox.launcher-pid=42",
+                "agent-sandbox.launcher-start=777",
+                "agent-sandbox.boot-id=boot-1",
+                "agent-sandbox.project=/home/me/src/p",
+            ] {
+                assert!(has(&argv, &["--label", needle]), "{needle} in {argv:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn logs_are_capped_and_the_command_output_is_not_stored() {
+        let router = strs(&router_run(&router()));
+        assert!(has(&router, &["--log-driver", "k8s-file"]), "{router:?}");
+        assert!(has(&router, &["--log-opt", "max-size=32mb"]), "{router:?}");
+        let forwarder = strs(&forwarder_run(&ForwarderSpec {
+            name: "f".into(),
+            labels: labels(),
+            pod: "p".into(),
+            image: "i".into(),
+            relays: vec![],
+        }));
+        assert!(
+            has(&forwarder, &["--log-opt", "max-size=1mb"]),
+            "{forwarder:?}"
+        );
+        let sandbox = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        assert!(has(&sandbox, &["--log-driver", "none"]), "{sandbox:?}");
+    }
+
+    #[test]
+    fn no_host_environment_or_proxy_reaches_any_container() {
+        let router = strs(&router_run(&router()));
+        let forwarder = strs(&forwarder_run(&ForwarderSpec {
+            name: "f".into(),
+            labels: labels(),
+            pod: "p".into(),
+            image: "i".into(),
+            relays: vec![],
+        }));
+        let rootless = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        let rootful = strs(&sandbox_run(&sandbox(UserMapping::Host {
+            uid: 1000,
+            gid: 1000,
+        })));
+        for argv in [router, forwarder, rootless, rootful] {
+            for flag in ["--http-proxy=false", "--env-host=false"] {
+                assert_eq!(count(&argv, flag), 1, "{flag} in {argv:?}");
+            }
+            // Options, so before the image.
+            let image = argv
+                .iter()
+                .position(|s| s == "i" || s.starts_with("localhost/"))
+                .unwrap();
+            let flag = argv.iter().position(|s| s == "--http-proxy=false").unwrap();
+            assert!(flag < image, "{argv:?}");
+            assert!(!argv
+                .iter()
+                .any(|s| s == "--env-host" || s == "--http-proxy"));
+        }
+    }
+
+    #[test]
+    fn session_network_is_internal_without_dns() {
+        let a = strs(&network_create_session(&NetworkSpec {
+            name: "agent-sandbox-abc123".into(),
+            labels: labels(),
+        }));
+        assert_eq!(
+            &a[..4],
+            ["network", "create", "--internal", "--disable-dns"]
+        );
+        assert_eq!(a.last().unwrap(), "agent-sandbox-abc123");
+    }
+
+    #[test]
+    fn router_is_read_only_capless_on_both_networks() {
+        let a = strs(&router_run(&router()));
+        assert_eq!(&a[..2], ["run", "--detach"]);
+        assert!(has(&a, &["--network", "agent-sandbox-abc123:ip=10.89.3.2"]));
+        assert!(has(&a, &["--network", "agent-sandbox-egress"]));
+        assert_eq!(count(&a, "--network"), 2);
+        assert!(a.contains(&"--read-only".to_owned()));
+        assert!(has(&a, &["--cap-drop", "ALL"]));
+        assert_eq!(
+            count(&a, "--cap-add"),
+            0,
+            "binding 53/80/443 needs no capability"
+        );
+        assert!(has(
+            &a,
+            &["--sysctl", "net.ipv4.ip_unprivileged_port_start=53"]
+        ));
+        assert!(has(&a, &["--security-opt", "no-new-privileges"]));
+        assert!(has(&a, &["--security-opt", "label=disable"]));
+        assert!(has(
+            &a,
+            &[
+                "--volume",
+                "/tmp/s/router.toml:/etc/agent-sandbox/router.toml:ro"
+            ]
+        ));
+        // Options first, then the image, then the router's own arguments.
+        let image = a
+            .iter()
+            .position(|s| s == "localhost/agent-sandbox-router:dev")
+            .unwrap();
+        assert_eq!(
+            &a[image + 1..],
+            [
+                "--config",
+                ROUTER_CONFIG_PATH,
+                "--log-format",
+                "json",
+                "--threads",
+                "1"
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_has_only_the_router_as_resolver_and_no_host_entries() {
+        let spec = |user| PodSpec {
+            name: "agent-sandbox-abc123".into(),
+            labels: labels(),
+            network: "agent-sandbox-abc123".into(),
+            dns: Ipv4Addr::new(10, 89, 3, 2),
+            user,
+        };
+        let a = strs(&pod_create(&spec(UserMapping::KeepId)));
+        assert_eq!(&a[..2], ["pod", "create"]);
+        assert!(has(&a, &["--network", "agent-sandbox-abc123"]));
+        assert_eq!(count(&a, "--network"), 1);
+        assert!(has(&a, &["--dns", "10.89.3.2"]));
+        assert!(a.contains(&"--no-hosts".to_owned()));
+        assert!(a.contains(&"--userns=keep-id".to_owned()));
+        assert!(has(&a, &["--sysctl", "net.ipv6.conf.all.disable_ipv6=1"]));
+        assert!(has(
+            &a,
+            &["--sysctl", "net.ipv6.conf.default.disable_ipv6=1"]
+        ));
+        // Rootful podman refuses keep-id: the pod then has no user namespace option at all.
+        let rootful = strs(&pod_create(&spec(UserMapping::Host {
+            uid: 1000,
+            gid: 1000,
+        })));
+        assert!(!rootful.iter().any(|s| s.starts_with("--userns")));
+        assert!(has(
+            &rootful,
+            &["--sysctl", "net.ipv6.conf.all.disable_ipv6=1"]
+        ));
+    }
+
+    #[test]
+    fn forwarder_is_read_only_with_only_net_bind_service() {
+        let a = strs(&forwarder_run(&ForwarderSpec {
+            name: "agent-sandbox-abc123-forwarder".into(),
+            labels: labels(),
+            pod: "agent-sandbox-abc123".into(),
+            image: "localhost/agent-sandbox-router:dev".into(),
+            relays: vec![
+                "127.0.0.2:80=10.89.3.2:80".into(),
+                "127.0.0.2:443=10.89.3.2:443".into(),
+            ],
+        }));
+        assert!(has(&a, &["--pod", "agent-sandbox-abc123"]));
+        assert!(a.contains(&"--read-only".to_owned()));
+        assert!(has(&a, &["--cap-drop", "ALL"]));
+        assert!(has(&a, &["--cap-add", "NET_BIND_SERVICE"]));
+        assert_eq!(count(&a, "--cap-add"), 1);
+        assert!(has(&a, &["--security-opt", "no-new-privileges"]));
+        assert!(has(
+            &a,
+            &[
+                "--entrypoint",
+                FORWARDER_PATH,
+                "localhost/agent-sandbox-router:dev",
+                "127.0.0.2:80=10.89.3.2:80",
+                "127.0.0.2:443=10.89.3.2:443"
+            ]
+        ));
+        assert!(!a.iter().any(|s| s.starts_with("--network")));
+    }
+
+    #[test]
+    fn sandbox_rootless_uses_the_pods_keep_id_and_mounts_only_the_project() {
+        let a = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        assert!(has(&a, &["--pod", "agent-sandbox-abc123"]));
+        assert!(!a.iter().any(|s| s == "--user" || s.starts_with("--userns")));
+        assert!(a.contains(&"--interactive".to_owned()));
+        assert!(!a.contains(&"--tty".to_owned()));
+        assert!(has(&a, &["--cap-drop", "ALL"]));
+        assert_eq!(count(&a, "--cap-add"), 0);
+        assert!(has(&a, &["--security-opt", "no-new-privileges"]));
+        assert!(has(&a, &["--security-opt", "label=disable"]));
+        assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
+        // Not recursive: `bind`, never podman's default `rbind`.
+        assert!(has(&a, &["--volume", "/home/me/src/p:/home/me/src/p:bind"]));
+        assert!(!a.iter().any(|s| s.contains("rbind")));
+        assert!(has(&a, &["--workdir", "/home/me/src/p"]));
+        assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me"]));
+        assert!(has(&a, &["--env", "HOME=/home/me"]));
+        assert!(has(&a, &["--volume", "/tmp/s/hosts:/etc/hosts:ro"]));
+        assert!(has(
+            &a,
+            &["--volume", "/tmp/s/resolv.conf:/etc/resolv.conf:ro"]
+        ));
+        // Nothing else from the host: exactly these four volumes, no relabelling (:Z / :z).
+        assert_eq!(count(&a, "--volume"), 4);
+        assert!(!a.iter().any(|s| s.ends_with(":Z") || s.ends_with(":z")));
+        assert!(has(&a, &["--env", "TERM"]));
+        assert!(!a.iter().any(|s| s.contains("podman.sock")));
+        // The command comes last, after the image, untouched.
+        assert!(a.ends_with(&[
+            "localhost/agent-sandbox:dev".to_owned(),
+            "claude".to_owned(),
+            "--continue".to_owned()
+        ]));
+    }
+
+    #[test]
+    fn sandbox_rootful_runs_as_the_given_user() {
+        let mut spec = sandbox(UserMapping::Host {
+            uid: 1000,
+            gid: 1000,
+        });
+        spec.tty = true;
+        spec.chown_home = true;
+        let a = strs(&sandbox_run(&spec));
+        assert!(has(&a, &["--user", "1000:1000"]));
+        assert!(has(
+            &a,
+            &["--passwd-entry", "me:*:1000:1000:me:/home/me:/bin/bash"]
+        ));
+        assert!(has(&a, &["--interactive", "--tty"]) || a.contains(&"--tty".to_owned()));
+        assert!(has(&a, &["--detach-keys", ""]));
+        assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me:U"]));
+        assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
+        // A root sandbox user (rootful podman in a root-owned project) keeps /proc masked.
+        let mut root = sandbox(UserMapping::Host { uid: 0, gid: 0 });
+        root.passwd_entry = None;
+        let root = strs(&sandbox_run(&root));
+        assert!(!root.contains(&"--passwd-entry".to_owned()));
+        assert!(has(&root, &["--user", "0:0"]));
+        assert!(!root.iter().any(|s| s.starts_with("unmask")));
+        assert!(!a.iter().any(|s| s == "unmask=ALL"));
+        assert!(has(&root, &["--cap-drop", "ALL"]));
+    }
+
+    #[test]
+    fn cleanup_commands() {
+        assert_eq!(
+            strs(&pod_rm("p")),
+            ["pod", "rm", "--force", "--time", "3", "p"]
+        );
+        assert_eq!(strs(&rm("r")), ["rm", "--force", "--time", "3", "r"]);
+        assert_eq!(strs(&kill("s", 15)), ["kill", "--signal", "15", "s"]);
+        assert_eq!(strs(&network_rm("n")), ["network", "rm", "--force", "n"]);
+        assert!(has(
+            &strs(&ps_sessions()),
+            &["--filter", "label=agent-sandbox.session"]
+        ));
+    }
+
+    #[test]
+    fn build_passes_args_and_secrets() {
+        let a = strs(&build(
+            Path::new("/r/containers/sandbox/Containerfile"),
+            Path::new("/r/containers/sandbox"),
+            "localhost/agent-sandbox:dev",
+            &[("BASE".into(), "localhost/debian:bookworm".into())],
+            &[(
+                "ca-bundle".into(),
+                "/etc/ssl/certs/ca-certificates.crt".into(),
+            )],
+        ));
+        assert_eq!(
+            a,
+            [
+                "build",
+                "--tag",
+                "localhost/agent-sandbox:dev",
+                "--file",
+                "/r/containers/sandbox/Containerfile",
+                "--build-arg",
+                "BASE=localhost/debian:bookworm",
+                "--secret",
+                "id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt",
+                "/r/containers/sandbox"
+            ]
+        );
+    }
+}

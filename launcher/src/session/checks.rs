@@ -1,0 +1,335 @@
+//! Step 1, the checks: the project directory, the allowlist, podman's set-up and the images. Nothing is
+//! created here but the user's allowlist (copied from the default); the read-only podman queries that
+//! the later steps need are made here too, all at once.
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+
+use agent_sandbox_shared::{Allowlist, Policy};
+
+use super::user::{passwd_lookup, sandbox_user, SandboxUser};
+use super::{join, say};
+use crate::podman::json::Info;
+use crate::podman::{args, Podman, PodmanError};
+use crate::settings::{Settings, EGRESS_NETWORK, EMBEDDED_ALLOWLIST, PACKAGED_ALLOWLIST};
+use crate::workdir;
+
+/// What the checks established.
+pub(super) struct Checked {
+    /// The canonical project directory.
+    pub(super) project: PathBuf,
+    /// The allowlist, compiled.
+    pub(super) policy: Policy,
+    /// Who the sandbox user is.
+    pub(super) user: SandboxUser,
+}
+
+/// Step 1: the checks. Nothing is created here but the user's allowlist (copied from the default).
+pub(super) fn check(
+    podman: &Podman,
+    settings: &Settings,
+) -> anyhow::Result<(Checked, SharedProbes)> {
+    let project = std::env::current_dir()
+        .context("cannot read the current directory")?
+        .canonicalize()
+        .context("cannot resolve the current directory")?;
+    let locations = workdir::allowlist_locations(&settings.allowlist).with_context(|| {
+        format!(
+            "cannot resolve the allowlist path {}",
+            settings.allowlist.display()
+        )
+    })?;
+    let guarded = workdir::Guarded::from_env(
+        &settings.home,
+        locations,
+        |k| std::env::var_os(k),
+        &identity(&project),
+    )
+    .with_context(|| {
+        format!(
+            "cannot resolve HOME ({}) or the directories to keep out of the sandbox",
+            settings.home.display()
+        )
+    })?;
+    workdir::check(&project, &guarded)?;
+
+    ensure_allowlist(&settings.allowlist)?;
+    let allowlist = Allowlist::load(&settings.allowlist)?;
+    for w in allowlist.warnings() {
+        say!(
+            "warning: {}:{}: `{}`: {}",
+            settings.allowlist.display(),
+            w.line,
+            w.text,
+            w.message
+        );
+    }
+    let policy = Policy::new(&allowlist);
+
+    let probes = Probes::gather(podman, settings);
+    let host = preflight(probes.info)?;
+    // podman's own idea of its storage (storage.conf may move it from the default places checked above).
+    let podman_paths = host
+        .paths
+        .iter()
+        .map(|p| workdir::canonicalize_lenient(p))
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot resolve podman's storage directories")?;
+    workdir::check_podman_paths(&project, &podman_paths)?;
+    let (router_image, sandbox_image) = if probes.images_present {
+        (Ok(true), Ok(true))
+    } else {
+        std::thread::scope(|s| {
+            let r = s.spawn(|| image_present(podman, &settings.router_image));
+            let i = image_present(podman, &settings.image);
+            (join(r), i)
+        })
+    };
+    ensure_image(
+        podman,
+        router_image?,
+        &settings.router_image,
+        "AGENT_SANDBOX_ROUTER_IMAGE",
+    )?;
+    ensure_image(
+        podman,
+        sandbox_image?,
+        &settings.image,
+        "AGENT_SANDBOX_IMAGE",
+    )?;
+    let user = sandbox_user(&host, &project, &settings.home)?;
+    let checked = Checked {
+        project,
+        policy,
+        user,
+    };
+    Ok((checked, probes.shared))
+}
+
+/// Read-only podman queries, made at once before any check decides: each podman call costs 20–200 ms
+/// of start-up, and in sequence they were a third of a session's start time. Nothing is created here.
+struct Probes {
+    /// `podman info --format json`.
+    info: Result<String, PodmanError>,
+    /// Whether both images are in local storage (false also when podman could not say: the images are
+    /// then checked one by one, with podman's error).
+    images_present: bool,
+    /// What the shared objects look like, for [`prepare_shared`].
+    shared: SharedProbes,
+}
+
+/// The shared objects as probed; an `Err` means missing or unknown, and [`prepare_shared`] takes the
+/// careful path (check, create, inspect) for it.
+pub(super) struct SharedProbes {
+    /// `podman network ls` of session networks: every session object (the session directory included)
+    /// is created after its network and removed before it, so a dead session always leaves its network
+    /// behind.
+    pub(super) session_networks: Result<String, PodmanError>,
+    /// `podman network inspect` of the egress network.
+    pub(super) egress: Result<String, PodmanError>,
+    /// The home volume's mount point.
+    pub(super) volume: Result<String, PodmanError>,
+}
+
+impl Probes {
+    fn gather(podman: &Podman, settings: &Settings) -> Probes {
+        std::thread::scope(|s| {
+            let info = s.spawn(|| podman.run(&args::info()));
+            let images = s.spawn(|| {
+                podman
+                    .run(&args::image_ids(&[&settings.router_image, &settings.image]))
+                    .is_ok()
+            });
+            let networks = s.spawn(|| podman.run(&args::network_ls_sessions()));
+            let egress = s.spawn(|| podman.run(&args::network_inspect(EGRESS_NETWORK)));
+            let volume = podman.run(&args::volume_mountpoint(&settings.home_volume));
+            Probes {
+                info: join(info),
+                images_present: join(images),
+                shared: SharedProbes {
+                    session_networks: join(networks),
+                    egress: join(egress),
+                    volume,
+                },
+            }
+        })
+    }
+}
+
+/// Who this launcher acts for, for the directory checks: the passwd home of the real uid and, under
+/// sudo, of `SUDO_UID`; as root (rootful podman, where the sandbox may run as the project's owner) also
+/// the project owner's home. Their homes are refused like `$HOME`.
+fn identity(project: &Path) -> workdir::Identity {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let mut uids = vec![uid];
+    if let Some(sudo) = std::env::var("SUDO_UID")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        uids.push(sudo);
+    }
+    if uid == 0 {
+        if let Ok(meta) = fs::metadata(project) {
+            uids.push(meta.uid());
+        }
+    }
+    workdir::Identity {
+        uid,
+        other_homes: uids
+            .into_iter()
+            .filter_map(|u| passwd_lookup(u).map(|(_, home)| home))
+            .filter(|h| h.is_absolute())
+            .collect(),
+        executable: std::env::current_exe().ok(),
+    }
+}
+
+/// Copies the default allowlist to `path` if nothing is there, and says so.
+fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
+    if fs::symlink_metadata(path).is_ok() {
+        return Ok(());
+    }
+    let (text, from) = match fs::read_to_string(PACKAGED_ALLOWLIST) {
+        Ok(text) => (text, PACKAGED_ALLOWLIST),
+        Err(_) => (
+            EMBEDDED_ALLOWLIST.to_owned(),
+            "the default built into agent-sandbox",
+        ),
+    };
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| format!("cannot create the allowlist {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write the allowlist {}", path.display()))?;
+    say!(
+        "no allowlist yet: created {} from {from}. Edit it to allow more hosts.",
+        path.display()
+    );
+    Ok(())
+}
+
+/// What podman says about the host.
+#[derive(Debug)]
+pub(super) struct HostInfo {
+    /// Rootless podman (the product's mode) or rootful.
+    pub(super) rootless: bool,
+    /// More ids than the user's own are mapped (rootless only).
+    pub(super) subordinate_ids: bool,
+    /// podman's storage, runtime and configuration paths as it reports them (graphRoot, runRoot,
+    /// volumePath, the storage configuration file, its API socket).
+    pub(super) paths: Vec<PathBuf>,
+}
+
+/// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
+fn preflight(info: Result<String, PodmanError>) -> anyhow::Result<HostInfo> {
+    let info = info.map_err(|e| {
+        if matches!(e, PodmanError::NotInstalled) {
+            return anyhow::Error::new(e);
+        }
+        anyhow::anyhow!(
+            "{e}\npodman does not work for this user; `podman info` shows why (for rootless podman: \
+             an /etc/subuid and /etc/subgid range for your user, then `podman system migrate`)"
+        )
+    })?;
+    let host = parse_host_info(&info)?;
+    if host.rootless && !host.subordinate_ids {
+        let user = std::env::var("USER").unwrap_or_else(|_| "$USER".into());
+        bail!(
+            "rootless podman is not set up for {user}: there is no subordinate uid/gid range. \
+             Add one (e.g. `sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`), \
+             then run `podman system migrate`"
+        );
+    }
+    Ok(host)
+}
+
+/// Reads `podman info --format json`: the mode, and whether more than the user's own id is mapped
+/// (keep-id needs a subordinate range; without one podman maps only the user, and warns).
+fn parse_host_info(json: &str) -> anyhow::Result<HostInfo> {
+    let info = Info::parse(json)?;
+    Ok(HostInfo {
+        rootless: info.host.security.rootless,
+        subordinate_ids: info.subordinate_ids(),
+        paths: info.paths(),
+    })
+}
+
+/// Whether an image is in local storage.
+fn image_present(podman: &Podman, image: &str) -> Result<bool, PodmanError> {
+    podman.check(&args::image_exists(image))
+}
+
+/// Makes sure an image is present: local `localhost/` images come from `make build`; registry images
+/// (release builds) are pulled.
+fn ensure_image(podman: &Podman, present: bool, image: &str, variable: &str) -> anyhow::Result<()> {
+    if present {
+        return Ok(());
+    }
+    if image.starts_with("localhost/") {
+        bail!(
+            "the image {image} is missing: run `make build` in the agent-sandbox source tree \
+             (it runs `agent-sandbox --build-images`), or set {variable} to an image you have"
+        );
+    }
+    say!("pulling {image}");
+    podman
+        .run_visible(&args::image_pull(image))
+        .with_context(|| format!("cannot pull {image} (set {variable} to use another image)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_info() {
+        let rootless = r#"{"host":{"security":{"rootless":true},"idMappings":{
+            "uidmap":[{"container_id":0,"host_id":1001,"size":1},{"container_id":1,"host_id":100000,"size":65536}],
+            "gidmap":[{"container_id":0,"host_id":1001,"size":1},{"container_id":1,"host_id":100000,"size":65536}]}}}"#;
+        let h = parse_host_info(rootless).unwrap();
+        assert!(h.rootless && h.subordinate_ids);
+        // No /etc/subuid range: podman maps the user alone.
+        let single = r#"{"host":{"security":{"rootless":true},"idMappings":{
+            "uidmap":[{"container_id":0,"host_id":1001,"size":1}],
+            "gidmap":[{"container_id":0,"host_id":1001,"size":1}]}}}"#;
+        let h = parse_host_info(single).unwrap();
+        assert!(h.rootless && !h.subordinate_ids);
+        let rootful = r#"{"host":{"security":{"rootless":false},"idMappings":{},
+            "remoteSocket":{"path":"unix:///run/podman/podman.sock"}},
+            "store":{"graphRoot":"/srv/storage","runRoot":"/run/containers/storage",
+            "volumePath":"/srv/storage/volumes","configFile":"/etc/containers/storage.conf"}}"#;
+        let h = parse_host_info(rootful).unwrap();
+        assert!(!h.rootless);
+        assert_eq!(
+            h.paths,
+            [
+                "/srv/storage",
+                "/run/containers/storage",
+                "/srv/storage/volumes",
+                "/etc/containers/storage.conf",
+                "/run/podman/podman.sock"
+            ]
+            .map(PathBuf::from)
+        );
+        // A project at or around storage.conf's graphroot is refused once podman has named it.
+        assert!(workdir::check_podman_paths(Path::new("/srv"), &h.paths).is_err());
+        assert!(workdir::check_podman_paths(Path::new("/srv/storage/x"), &h.paths).is_err());
+        assert!(workdir::check_podman_paths(Path::new("/srv/project"), &h.paths).is_ok());
+        let err = parse_host_info("not json").unwrap_err();
+        assert!(
+            format!("{err:#}").starts_with("cannot parse `podman info --format json`: "),
+            "{err:#}"
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! Steps 4 and 5: the command in the sandbox container, with the launcher's terminal and signals; then
+//! the report of what the router refused.
+
+use std::ffi::OsString;
+use std::io::{IsTerminal as _, Write as _};
+use std::path::Path;
+use std::process::ExitStatus;
+
+use anyhow::Context as _;
+
+use super::checks::Checked;
+use super::shared::Shared;
+use super::start::Session;
+use super::PASS_ENV;
+use crate::podman::{args, Podman, SandboxSpec};
+use crate::report;
+use crate::settings::Settings;
+use crate::signals::SignalWatch;
+
+/// Step 4: the command, in the pod, with the launcher's terminal or pipes; signals are passed on to it.
+pub(super) fn run_command(
+    podman: &Podman,
+    settings: &Settings,
+    checked: Checked,
+    shared: &Shared,
+    session: &Session,
+    command: Vec<OsString>,
+    signals: &SignalWatch,
+) -> anyhow::Result<ExitStatus> {
+    let spec = SandboxSpec {
+        name: format!("{}-sandbox", session.base),
+        labels: session.labels.clone(),
+        pod: session.pod.clone(),
+        image: settings.image.clone(),
+        user: checked.user.mapping,
+        passwd_entry: checked.user.passwd_entry,
+        project: checked.project,
+        home_volume: settings.home_volume.clone(),
+        home: checked.user.home,
+        chown_home: shared.chown_home,
+        hosts_file: session.hosts.clone(),
+        resolv_file: session.resolv.clone(),
+        tty: std::io::stdin().is_terminal(),
+        pass_env: PASS_ENV.iter().map(|s| (*s).to_owned()).collect(),
+        command,
+    };
+    let escalate = {
+        let podman = podman.clone();
+        let pod = session.pod.clone();
+        move || {
+            let _ = podman.output(&args::pod_kill(&pod));
+        }
+    };
+    signals.set_escalation(escalate);
+    let forward = {
+        let podman = podman.clone();
+        let name = spec.name.clone();
+        move |sig: i32| {
+            let _ = podman.output(&args::kill(&name, sig));
+        }
+    };
+    signals.set_forward(forward);
+    let mut child = podman.spawn_foreground(&args::sandbox_run(&spec))?;
+    signals.set_child(Some(child.id()));
+    signals.forward_pending();
+    let status = child.wait();
+    signals.set_child(None);
+    status.context("waiting for the sandbox's podman run")
+}
+
+/// Step 5: what the router refused, from its log (nothing when nothing was refused).
+pub(super) fn report_refusals(podman: &Podman, router: &str, allowlist: &Path) {
+    if let Ok(out) = podman.output(&args::logs(router)) {
+        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        if let Some(text) =
+            report::render(&report::refusals(&log), allowlist, report::truncated(&log))
+        {
+            let _ = std::io::stderr().write_all(text.as_bytes());
+        }
+    }
+}
+
+/// The launcher's exit code for the command's status: its code, or 128 + the signal that ended it.
+pub(super) fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+    }
+}

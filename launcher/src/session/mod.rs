@@ -1,0 +1,152 @@
+//! One sandbox session: checks, topology, the command, the report, cleanup.
+//!
+//! ```text
+//! 1 checks.rs     directory, allowlist, podman, images        nothing is created before these pass
+//!   user.rs       who the sandbox user is                     (podman's read-only queries run at once)
+//! 2 shared.rs     stale sessions removed (stale.rs) · egress network and home volume ensured
+//! 3 start.rs      session network ─ session directory (rundir.rs) ─ router at .2 ─ pod (--dns router)
+//!                 ─ forwarder; ready when both log their listeners (readiness.rs)
+//! 4 command.rs    the command in the sandbox container, signals passed on
+//! 5 command.rs    report of refused names
+//!   cleanup.rs    pod, router, session directory and network removed, on every way out
+//! ```
+//!
+//! Each step is a function ([`run`] calls them in order). Objects are recorded in a `Cleanup` as soon as
+//! they exist, so an error, a signal or a panic at any step removes exactly what this session created.
+//! Every failure is a [`SessionError`] that says which step it stopped.
+
+mod checks;
+mod cleanup;
+mod command;
+mod readiness;
+mod rundir;
+mod shared;
+mod stale;
+mod start;
+mod user;
+
+use std::ffi::OsString;
+
+use crate::podman::Podman;
+use crate::settings::Settings;
+use crate::signals::SignalWatch;
+
+/// Environment variables handed to the sandboxed command when set (values never go on a command line).
+pub const PASS_ENV: &[&str] = &[
+    "TERM",
+    "COLORTERM",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "ANTHROPIC_API_KEY",
+];
+
+/// Prefix of every object name; the session id follows.
+const NAME_PREFIX: &str = "agent-sandbox-";
+
+/// Prints a launcher message on stderr.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("agent-sandbox: {}\n", format_args!($($t)*)),
+        );
+    }};
+}
+use say;
+
+/// Why a session stopped before its command ran to the end. The message is the step's own (with its
+/// causes, for `{:#}`): the variant says which step it was.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// A signal arrived while the session was being set up (what was created is removed).
+    #[error("interrupted by signal {0} while starting the session; removed what was created")]
+    Interrupted(i32),
+    /// Step 1: the checks refused (directory, allowlist, podman's set-up, images); nothing was created.
+    #[error(transparent)]
+    Check(anyhow::Error),
+    /// Step 2: the stale sweep, the egress network or the home volume failed.
+    #[error(transparent)]
+    Shared(anyhow::Error),
+    /// Step 3: the session's network, directory, router, pod or forwarder could not be set up, or did
+    /// not become ready.
+    #[error(transparent)]
+    Start(anyhow::Error),
+    /// Step 4: the sandbox's `podman run` could not be started or waited for.
+    #[error(transparent)]
+    Command(anyhow::Error),
+}
+
+impl SessionError {
+    /// The exit code for an interruption by signal `sig`: 128 + the signal, as a shell reports it.
+    #[must_use]
+    pub fn interrupted_exit_code(&self) -> Option<i32> {
+        match self {
+            SessionError::Interrupted(sig) => Some(128 + sig),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `command` in a new session; returns its exit status for the launcher to exit with.
+pub fn run(
+    podman: &Podman,
+    settings: &Settings,
+    command: Vec<OsString>,
+    signals: &SignalWatch,
+) -> Result<i32, SessionError> {
+    let (checked, probes) = checks::check(podman, settings).map_err(SessionError::Check)?;
+    interrupted(signals)?;
+    let shared =
+        shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
+    interrupted(signals)?;
+    let mut cleanup = cleanup::Cleanup::new(podman.clone());
+    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    let status = command::run_command(
+        podman, settings, checked, &shared, &session, command, signals,
+    )
+    .map_err(SessionError::Command)?;
+    command::report_refusals(podman, &session.router, &settings.allowlist);
+    cleanup.run();
+    Ok(command::exit_code(status))
+}
+
+/// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
+fn interrupted(signals: &SignalWatch) -> Result<(), SessionError> {
+    match signals.received() {
+        Some(sig) => Err(SessionError::Interrupted(sig)),
+        None => Ok(()),
+    }
+}
+
+/// Joins a scoped thread, passing its panic on.
+fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_show_their_whole_chain_and_interruptions_their_exit_code() {
+        // lib.rs prints `{:#}` of the error: each step's context, then its causes, as before the enum.
+        let cause = anyhow::anyhow!("no such file").context("cannot read the allowlist");
+        let e = anyhow::Error::new(SessionError::Check(cause));
+        assert_eq!(format!("{e:#}"), "cannot read the allowlist: no such file");
+        assert_eq!(
+            SessionError::Interrupted(15).interrupted_exit_code(),
+            Some(143)
+        );
+        assert_eq!(
+            SessionError::Interrupted(2).to_string(),
+            "interrupted by signal 2 while starting the session; removed what was created"
+        );
+        assert_eq!(
+            SessionError::Start(anyhow::anyhow!("x")).interrupted_exit_code(),
+            None
+        );
+    }
+}

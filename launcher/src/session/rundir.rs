@@ -1,0 +1,178 @@
+//! The session directory: the router's configuration, the sandbox's hosts file and resolv.conf, in a
+//! private directory of this user's (in `$XDG_RUNTIME_DIR`), named after the session id.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+
+use super::NAME_PREFIX;
+
+/// A random session id: 12 hex digits from the kernel's generator.
+pub(super) fn new_session_id() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 6];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("cannot read /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The directory for the session's router configuration, hosts and resolv.conf, in [`sessions_root`].
+pub(super) fn session_dir(session: &str) -> PathBuf {
+    sessions_root().join(format!("{NAME_PREFIX}{session}"))
+}
+
+/// Where session directories live: `$XDG_RUNTIME_DIR/agent-sandbox` when the runtime directory is
+/// usable (absolute, a directory, this user's), else `agent-sandbox-UID` in the system temp directory.
+/// Either is created mode 0700 and must be this user's, so no other host user can read a session's
+/// files or plant their own.
+fn sessions_root() -> PathBuf {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    sessions_root_for(
+        uid,
+        std::env::var_os("XDG_RUNTIME_DIR"),
+        std::env::temp_dir(),
+    )
+}
+
+fn sessions_root_for(uid: u32, runtime: Option<OsString>, temp: PathBuf) -> PathBuf {
+    let usable = |dir: &Path| {
+        dir.is_absolute()
+            && fs::metadata(dir)
+                .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0)
+    };
+    match runtime.map(PathBuf::from) {
+        Some(dir) if usable(&dir) => dir.join("agent-sandbox"),
+        _ => temp.join(format!("agent-sandbox-{uid}")),
+    }
+}
+
+/// Creates `dir` mode 0700 unless it exists, then makes sure it is a real directory (not a symlink)
+/// owned by this user with no access for anyone else.
+fn ensure_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+    }
+    let meta =
+        fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid {
+        bail!(
+            "{} is not a directory of yours: remove it, or set XDG_RUNTIME_DIR to your runtime directory",
+            dir.display()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Creates the session's directory (mode 0700, in a 0700 [`sessions_root`]).
+pub(super) fn create_session_dir(dir: &Path) -> anyhow::Result<()> {
+    if let Some(root) = dir.parent() {
+        ensure_private_dir(root)?;
+    }
+    use std::os::unix::fs::DirBuilderExt as _;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot set permissions on {}", dir.display()))
+}
+
+/// Writes a session file mode 0644: readable by the router's non-root user and by a rootful sandbox's
+/// user once bind-mounted (a bind mount needs no access to the host's parent directories, which stay
+/// 0700, so no other host user can reach the file).
+pub(super) fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644))
+        .with_context(|| format!("cannot set permissions on {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_directories_are_private_and_in_the_runtime_directory() {
+        // SAFETY: getuid cannot fail and touches no memory.
+        let uid = unsafe { libc::getuid() };
+        let tmp = std::env::temp_dir().join(format!("as-session-dir-test-{}", std::process::id()));
+        let runtime = tmp.join("run");
+        fs::create_dir_all(&runtime).unwrap();
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+        let temp = tmp.join("tmp");
+        // A usable runtime directory is used; a missing, relative or foreign one falls back to temp.
+        assert_eq!(
+            sessions_root_for(uid, Some(runtime.clone().into()), temp.clone()),
+            runtime.join("agent-sandbox")
+        );
+        for bad in [
+            Some(OsString::from("relative/run")),
+            Some(tmp.join("missing").into()),
+            None,
+        ] {
+            assert_eq!(
+                sessions_root_for(uid, bad, temp.clone()),
+                temp.join(format!("agent-sandbox-{uid}"))
+            );
+        }
+        assert_eq!(
+            sessions_root_for(uid + 1, Some(runtime.clone().into()), temp.clone()),
+            temp.join(format!("agent-sandbox-{}", uid + 1))
+        );
+        // A world-writable runtime directory is not trusted either.
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(
+            sessions_root_for(uid, Some(runtime.clone().into()), temp.clone()),
+            temp.join(format!("agent-sandbox-{uid}"))
+        );
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+
+        let root = runtime.join("agent-sandbox");
+        // An existing root with loose permissions is tightened.
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = root.join("agent-sandbox-0123456789ab");
+        create_session_dir(&dir).unwrap();
+        write_file(&dir.join("router.toml"), "x").unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("router.toml")), 0o644);
+        // A file is never written through an existing name (a planted symlink).
+        assert!(write_file(&dir.join("router.toml"), "y").is_err());
+        // A symlink in place of the root is refused.
+        let linked = tmp.join("linked-root");
+        std::os::unix::fs::symlink(&runtime, &linked).unwrap();
+        assert!(ensure_private_dir(&linked).is_err());
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn session_ids_are_random_hex() {
+        let a = new_session_id().unwrap();
+        assert_eq!(a.len(), 12);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, new_session_id().unwrap());
+    }
+}

@@ -1,0 +1,170 @@
+//! The stale sweep: objects of sessions whose launcher is gone (killed, or from before a reboot) are
+//! found by their labels and removed at the next start. Objects of live sessions are never touched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+
+use anyhow::Context as _;
+
+use super::rundir::session_dir;
+use super::say;
+use crate::liveness;
+use crate::podman::json::{Container, Network, Pod};
+use crate::podman::{args, Podman, LABEL_SESSION};
+
+/// One object of some session, as listed by podman.
+#[derive(Debug)]
+struct Listed {
+    /// What it is, which decides the order of removal.
+    kind: Kind,
+    /// Its name.
+    name: String,
+    /// Its labels: the session's id and its launcher's identity.
+    labels: HashMap<String, String>,
+}
+
+/// The kinds of session object, in their order of removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// A pod (its containers go with it).
+    Pod,
+    /// A container outside a pod (the router), or one whose pod is gone.
+    Container,
+    /// A session network.
+    Network,
+}
+
+/// Whether a listing of session networks holds one whose launcher is gone.
+pub(super) fn any_stale(networks_json: &str) -> anyhow::Result<bool> {
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    Ok(parse_listing(Kind::Network, networks_json)
+        .iter()
+        .any(|o| o.labels.contains_key(LABEL_SESSION) && !liveness::is_live(&o.labels, &boot)))
+}
+
+/// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
+/// networks). Objects of live sessions are never touched.
+pub(super) fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    let mut objects = Vec::new();
+    for (kind, argv) in [
+        (Kind::Pod, args::pod_ps_sessions()),
+        (Kind::Container, args::ps_sessions()),
+        (Kind::Network, args::network_ls_sessions()),
+    ] {
+        objects.extend(parse_listing(kind, &podman.run(&argv)?));
+    }
+    let mut stale: BTreeMap<String, Vec<&Listed>> = BTreeMap::new();
+    for o in &objects {
+        let Some(session) = o.labels.get(LABEL_SESSION) else {
+            continue;
+        };
+        if !liveness::is_live(&o.labels, &boot) {
+            stale.entry(session.clone()).or_default().push(o);
+        }
+    }
+    for (session, mut list) in stale {
+        list.sort_by_key(|o| o.kind);
+        say!(
+            "removing {} object(s) left by session {session}, whose launcher is gone",
+            list.len()
+        );
+        // The session directory before the network, as in `Cleanup::run`: should this launcher die
+        // midway, the network is still there for the next start to find. The name comes from a label:
+        // only ever a session id of ours.
+        if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
+            let _ = fs::remove_dir_all(session_dir(&session));
+        }
+        for o in list {
+            let argv = match o.kind {
+                Kind::Pod => args::pod_rm(&o.name),
+                Kind::Container => args::rm(&o.name),
+                Kind::Network => args::network_rm(&o.name),
+            };
+            match podman.run(&argv) {
+                Ok(_) => {}
+                // Gone already (removed with its pod or network).
+                Err(e) if e.is_missing() => {}
+                Err(e) => say!("could not remove {}: {e}", o.name),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads `podman {pod ps,ps,network ls} --format json`: the named objects in it. An answer that cannot
+/// be read lists nothing (the sweep is best effort; the next start looks again).
+fn parse_listing(kind: Kind, json: &str) -> Vec<Listed> {
+    let named: Vec<(String, HashMap<String, String>)> = match kind {
+        Kind::Pod => Pod::parse_list(json)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.name, p.labels))
+            .collect(),
+        Kind::Container => Container::parse_list(json)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| Some((c.names.into_iter().next()?, c.labels)))
+            .collect(),
+        Kind::Network => Network::parse_list(json)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| (n.name, n.labels))
+            .collect(),
+    };
+    named
+        .into_iter()
+        .filter(|(name, _)| !name.is_empty())
+        .map(|(name, labels)| Listed { kind, name, labels })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_of_all_three_kinds() {
+        let pods = r#"[{"Name":"agent-sandbox-a","Labels":{"agent-sandbox.session":"a"}}]"#;
+        let ctrs =
+            r#"[{"Names":["agent-sandbox-a-router"],"Labels":{"agent-sandbox.session":"a"}}]"#;
+        let nets = r#"[{"name":"agent-sandbox-a","labels":{"agent-sandbox.session":"a"}}]"#;
+        for (kind, json, name) in [
+            (Kind::Pod, pods, "agent-sandbox-a"),
+            (Kind::Container, ctrs, "agent-sandbox-a-router"),
+            (Kind::Network, nets, "agent-sandbox-a"),
+        ] {
+            let l = parse_listing(kind, json);
+            assert_eq!(l.len(), 1);
+            assert_eq!(l[0].name, name);
+            assert_eq!(l[0].labels[LABEL_SESSION], "a");
+        }
+        assert!(parse_listing(Kind::Pod, "null").is_empty());
+        assert!(parse_listing(Kind::Container, "garbage").is_empty());
+        assert!(parse_listing(Kind::Container, r#"[{"Names":[]}]"#).is_empty());
+    }
+
+    #[test]
+    fn a_session_network_of_a_dead_launcher_is_stale() {
+        let me = std::process::id();
+        let start = liveness::start_time(me).unwrap();
+        let boot = liveness::boot_id().unwrap();
+        let net = |pid: u32, start: u64| {
+            serde_json::json!([{"name": "agent-sandbox-a", "labels": {
+                LABEL_SESSION: "a",
+                crate::podman::LABEL_PID: pid.to_string(),
+                crate::podman::LABEL_START: start.to_string(),
+                crate::podman::LABEL_BOOT: boot,
+            }}])
+            .to_string()
+        };
+        assert!(
+            !any_stale(&net(me, start)).unwrap(),
+            "this process is alive"
+        );
+        assert!(any_stale(&net(me, start + 1)).unwrap(), "a reused pid");
+        assert!(!any_stale("[]").unwrap());
+        // Labels this version cannot read: not ours to judge live, so swept.
+        assert!(any_stale(r#"[{"name":"x","labels":{"agent-sandbox.session":"a"}}]"#).unwrap());
+    }
+}

@@ -1,0 +1,321 @@
+//! Step 3, the session's own objects: the session network, the session directory, the router, the pod
+//! and the forwarder, each recorded in the [`Cleanup`] as soon as it exists; done once both containers
+//! report their listeners (`readiness.rs`).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+
+use agent_sandbox_shared::SessionPlan;
+
+use super::checks::Checked;
+use super::cleanup::Cleanup;
+use super::readiness::wait_listening;
+use super::rundir::{create_session_dir, new_session_id, session_dir, write_file};
+use super::shared::Shared;
+use super::{interrupted, join, SessionError, NAME_PREFIX};
+use crate::liveness;
+use crate::podman::json::Network;
+use crate::podman::{args, ForwarderSpec, NetworkSpec, PodSpec, Podman, RouterSpec, SessionLabels};
+use crate::settings::{Settings, EGRESS_NETWORK};
+use crate::signals::SignalWatch;
+
+/// A started session: everything the command's container needs.
+pub(super) struct Session {
+    /// Labels for the sandbox container.
+    pub(super) labels: SessionLabels,
+    /// Prefix of the session's object names.
+    pub(super) base: String,
+    /// The pod.
+    pub(super) pod: String,
+    /// The router container.
+    pub(super) router: String,
+    /// The session's /etc/hosts.
+    pub(super) hosts: PathBuf,
+    /// The session's /etc/resolv.conf.
+    pub(super) resolv: PathBuf,
+}
+
+/// Step 3: the session network, the router, the pod and the forwarder, recorded in `cleanup` as they
+/// come into existence; returns once the router and the forwarder listen.
+pub(super) fn start(
+    podman: &Podman,
+    settings: &Settings,
+    checked: &Checked,
+    shared: &Shared,
+    cleanup: &mut Cleanup,
+    signals: &SignalWatch,
+) -> Result<Session, SessionError> {
+    let planned = plan(podman, settings, checked, shared, cleanup).map_err(SessionError::Start)?;
+    interrupted(signals)?;
+    let names =
+        launch(podman, settings, checked, &planned, cleanup).map_err(SessionError::Start)?;
+    interrupted(signals)?;
+    wait_ready(podman, &planned.plan, &names, signals)?;
+    interrupted(signals)?;
+    Ok(Session {
+        labels: planned.labels,
+        base: planned.base,
+        pod: names.pod,
+        router: names.router,
+        hosts: planned.hosts,
+        resolv: planned.resolv,
+    })
+}
+
+/// The session network and directory, and the plan they allow: addresses and files.
+struct Planned {
+    /// The labels of every object of the session.
+    labels: SessionLabels,
+    /// Prefix of the session's object names (also the network's and the pod's name).
+    base: String,
+    /// The session network.
+    network: String,
+    /// The router's address on it.
+    router_ip: Ipv4Addr,
+    /// The router's configuration and the forwarder's relays.
+    plan: SessionPlan,
+    /// The router's configuration file.
+    config: PathBuf,
+    /// The session's /etc/hosts.
+    hosts: PathBuf,
+    /// The session's /etc/resolv.conf.
+    resolv: PathBuf,
+}
+
+/// The session network, then the session directory with the router's configuration, hosts and
+/// resolv.conf.
+fn plan(
+    podman: &Podman,
+    settings: &Settings,
+    checked: &Checked,
+    shared: &Shared,
+    cleanup: &mut Cleanup,
+) -> anyhow::Result<Planned> {
+    let session = new_session_id()?;
+    let labels = SessionLabels {
+        session: session.clone(),
+        pid: std::process::id(),
+        start: liveness::start_time(std::process::id())
+            .context("cannot read this process's start time from /proc")?,
+        boot: liveness::boot_id().context("cannot read the boot id from /proc")?,
+        project: checked.project.clone(),
+    };
+    let base = format!("{NAME_PREFIX}{session}");
+
+    let dir = session_dir(&session);
+    // The network first and the directory after it (and removed before it): a launcher killed at any
+    // point leaves its network behind, which the next start finds, and with it the directory.
+    let network = base.clone();
+    podman.run(&args::network_create_session(&NetworkSpec {
+        name: network.clone(),
+        labels: labels.clone(),
+    }))?;
+    cleanup.network = Some(network.clone());
+    cleanup.dir = Some(dir.clone());
+    create_session_dir(&dir)?;
+    let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
+        .with_context(|| format!("cannot pick the router's address on network {network}"))?;
+    let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
+    plan.router.resolvers.clone_from(&shared.resolvers);
+    plan.router.allowlist = Some(settings.allowlist.display().to_string());
+
+    let config = dir.join("router.toml");
+    write_file(&config, &plan.router.to_toml())?;
+    let hosts = dir.join("hosts");
+    // IPv4 only: IPv6 is disabled in the pod's netns, so ::1 does not exist there.
+    write_file(&hosts, "127.0.0.1\tlocalhost\n")?;
+    let resolv = dir.join("resolv.conf");
+    write_file(&resolv, &format!("nameserver {router_ip}\n"))?;
+    Ok(Planned {
+        labels,
+        base,
+        network,
+        router_ip,
+        plan,
+        config,
+        hosts,
+        resolv,
+    })
+}
+
+/// The containers of a session.
+struct Names {
+    /// The router container.
+    router: String,
+    /// The pod.
+    pod: String,
+    /// The forwarder container in the pod (created only when there are relays).
+    forwarder: String,
+}
+
+/// The router, and the pod with the forwarder in it.
+fn launch(
+    podman: &Podman,
+    settings: &Settings,
+    checked: &Checked,
+    planned: &Planned,
+    cleanup: &mut Cleanup,
+) -> anyhow::Result<Names> {
+    // The router and the pod side start at once: the forwarder connects to the router per connection,
+    // so neither waits for the other; both are checked for readiness below.
+    let base = &planned.base;
+    let router = format!("{base}-router");
+    let pod = base.clone();
+    let forwarder = format!("{base}-forwarder");
+    cleanup.router = Some(router.clone());
+    cleanup.pod = Some(pod.clone());
+    let relays = planned.plan.forwarder_args();
+    let router_spec = RouterSpec {
+        name: router.clone(),
+        labels: planned.labels.clone(),
+        image: settings.router_image.clone(),
+        session_network: planned.network.clone(),
+        session_ip: planned.router_ip,
+        egress_network: EGRESS_NETWORK.to_owned(),
+        config_file: planned.config.clone(),
+    };
+    let pod_spec = PodSpec {
+        name: pod.clone(),
+        labels: planned.labels.clone(),
+        network: planned.network.clone(),
+        dns: planned.router_ip,
+        user: checked.user.mapping.clone(),
+    };
+    let forwarder_spec = ForwarderSpec {
+        name: forwarder.clone(),
+        labels: planned.labels.clone(),
+        pod: pod.clone(),
+        image: settings.router_image.clone(),
+        relays: relays.clone(),
+    };
+    let (router_started, pod_started) = std::thread::scope(|s| {
+        let r = s.spawn(|| podman.run(&args::router_run(&router_spec)));
+        let p = podman.run(&args::pod_create(&pod_spec)).and_then(|_| {
+            if relays.is_empty() {
+                Ok(String::new())
+            } else {
+                podman.run(&args::forwarder_run(&forwarder_spec))
+            }
+        });
+        (join(r), p)
+    });
+    router_started?;
+    pod_started?;
+    Ok(Names {
+        router,
+        pod,
+        forwarder,
+    })
+}
+
+/// Waits for the router's and the forwarder's listeners, both at once.
+fn wait_ready(
+    podman: &Podman,
+    plan: &SessionPlan,
+    names: &Names,
+    signals: &SignalWatch,
+) -> Result<(), SessionError> {
+    // Ready means every listener is bound: DNS must answer, and the forwarder must hold its addresses
+    // before the sandboxed command could bind them itself (ports above 1023 need no capability).
+    let mut router_addrs: Vec<String> = [
+        plan.router.listen.dns,
+        plan.router.listen.http,
+        plan.router.listen.https,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|a| a.to_string())
+    .collect();
+    router_addrs.extend(plan.router.forwards.iter().map(|f| f.listen.to_string()));
+    let listens: Vec<String> = plan.relays.iter().map(|r| r.listen.to_string()).collect();
+    let (router_ready, forwarder_ready) = std::thread::scope(|s| {
+        let f = s.spawn(|| {
+            if listens.is_empty() {
+                Ok(())
+            } else {
+                wait_listening(podman, &names.forwarder, &listens, signals)
+            }
+        });
+        let r = wait_listening(podman, &names.router, &router_addrs, signals);
+        (r, join(f))
+    });
+    router_ready?;
+    forwarder_ready
+}
+
+/// The router's address: the second host address of the session network's subnet (the first is the
+/// gateway's by convention, even where an internal network has none), skipping the gateway if podman
+/// put it there.
+fn router_address(inspect_json: &str) -> anyhow::Result<Ipv4Addr> {
+    let net = Network::parse_inspect(inspect_json)?;
+    for s in &net.subnets {
+        let Some((addr, prefix)) = s.subnet.split_once('/') else {
+            continue;
+        };
+        let (Ok(addr), Ok(prefix)) = (addr.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else {
+            continue; // IPv6
+        };
+        if prefix > 29 {
+            bail!("subnet {addr}/{prefix} is too small");
+        }
+        let gateway = match s.gateway {
+            Some(IpAddr::V4(g)) => Some(g),
+            _ => None,
+        };
+        let base = u32::from(addr) & (u32::MAX << (32 - prefix));
+        let candidate = [base + 2, base + 3]
+            .into_iter()
+            .map(Ipv4Addr::from)
+            .find(|ip| Some(*ip) != gateway)
+            .context("no free address")?;
+        return Ok(candidate);
+    }
+    bail!("the network has no IPv4 subnet")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_address_is_the_second_host() {
+        let inspect = r#"[{"name":"n","subnets":[{"subnet":"10.89.3.0/24"}],"internal":true}]"#;
+        assert_eq!(
+            router_address(inspect).unwrap(),
+            Ipv4Addr::new(10, 89, 3, 2)
+        );
+        let with_gw = r#"[{"subnets":[{"subnet":"10.89.3.0/24","gateway":"10.89.3.2"}]}]"#;
+        assert_eq!(
+            router_address(with_gw).unwrap(),
+            Ipv4Addr::new(10, 89, 3, 3)
+        );
+        let v6_first = r#"[{"subnets":[{"subnet":"fd00::/64"},{"subnet":"10.0.5.16/28","gateway":"10.0.5.17"}]}]"#;
+        assert_eq!(
+            router_address(v6_first).unwrap(),
+            Ipv4Addr::new(10, 0, 5, 18)
+        );
+        assert!(router_address(r#"[{"subnets":[]}]"#).is_err());
+        assert!(router_address(r#"[{"name":"no subnets key"}]"#).is_err());
+        assert!(router_address(r#"[{"subnets":[{"subnet":"10.0.0.0/30"}]}]"#).is_err());
+        assert!(router_address("garbage").is_err());
+    }
+
+    #[test]
+    fn router_address_of_real_session_networks() {
+        // podman 4.3 gives an internal network no gateway; the router takes .2 either way.
+        for json in [
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/podman/4.3.1/network-inspect-session.json"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/podman/5.8.2/network-inspect-session.json"
+            )),
+        ] {
+            assert_eq!(router_address(json).unwrap(), Ipv4Addr::new(10, 89, 0, 2));
+        }
+    }
+}
