@@ -26,7 +26,7 @@ help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
 build: ## build the release binaries and both images (agent-sandbox --build-images)
-	$(CARGO) build --release --workspace --locked
+	$(CARGO) build --release --workspace --exclude agent-sandbox-testkit --locked
 	target/release/agent-sandbox --build-images $(if $(SANDBOX_BASE),--base-image $(SANDBOX_BASE))
 
 test: ## everything the project tests
