@@ -35,7 +35,7 @@ use std::time::Instant;
 use checks::Checks;
 use mode::{current_ids, Mode};
 use scenarios::Scenario;
-use setup::{rootless_user_mode, Artifacts};
+use setup::{ensure_test_user, rootless_user_mode, Artifacts};
 use suite::Suite;
 
 /// The launcher under test.
@@ -161,6 +161,9 @@ fn main() {
     }
 
     let started = Instant::now();
+    if uid == 0 {
+        ensure_test_user();
+    }
     let artifacts = Artifacts::prepare();
     let mut checks = Checks::default();
     for (name, picked) in plan.into_iter().filter(|(_, p)| !p.is_empty()) {

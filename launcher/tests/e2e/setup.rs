@@ -64,12 +64,18 @@ impl Drop for Artifacts {
     }
 }
 
-/// The unprivileged user for the rootless run, with the images in its storage.
-pub(crate) fn rootless_user_mode() -> Mode {
+/// Creates the rootless run's user if missing (and keeps it: its image storage makes reruns fast). The
+/// rootful run needs it too: nested podman in a rootful sandbox runs as a non-root project owner.
+pub(crate) fn ensure_test_user() {
     if sh(Command::new("id").arg(TEST_USER)).status.code() != Some(0) {
         let o = sh(Command::new("useradd").args(["-m", "-s", "/bin/bash", TEST_USER]));
         assert!(o.status.success(), "useradd: {}", text(&o));
     }
+}
+
+/// The unprivileged user for the rootless run, with the images in its storage.
+pub(crate) fn rootless_user_mode() -> Mode {
+    ensure_test_user();
     // Rootless networking needs the tun device (CI machines ship it root-only).
     if let Ok(meta) = fs::metadata("/dev/net/tun") {
         if meta.mode() & 0o006 != 0o006 {
