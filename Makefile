@@ -26,7 +26,7 @@ help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
 build: ## build the release binaries and both images (agent-sandbox --build-images)
-	$(CARGO) build --release --workspace --locked
+	$(CARGO) build --release --workspace --exclude agent-sandbox-testkit --locked
 	target/release/agent-sandbox --build-images $(if $(SANDBOX_BASE),--base-image $(SANDBOX_BASE))
 
 test: ## everything the project tests
@@ -57,10 +57,13 @@ bench-forwarder: router-image ## the shipped forwarder vs socat on loopback: con
 base-image: ## a local Debian base for the sandbox image, with debootstrap (root; no registry needed)
 	tests/e2e/make-base.sh $(LOCAL_BASE)
 
-e2e: ## end-to-end suite: real launcher, podman and images; rootful and rootless (as root)
+# `make e2e E2E=reach` runs the scenarios whose name (MODE::SCENARIO) contains `reach`.
+E2E ?=
+
+e2e: ## end-to-end suite: real launcher, podman and images; rootful and rootless (as root); E2E=NAME for one
 	$(if $(SANDBOX_BASE),,tests/e2e/make-base.sh $(LOCAL_BASE))
 	$(MAKE) --no-print-directory build SANDBOX_BASE=$(or $(SANDBOX_BASE),$(LOCAL_BASE))
-	AGENT_SANDBOX_E2E=1 $(CARGO) test --locked -p agent-sandbox --test e2e -- --nocapture
+	AGENT_SANDBOX_E2E=1 $(CARGO) test --locked -p agent-sandbox --test e2e -- $(E2E)
 
 rpm: ## dist/agent-sandbox-VERSION-RELEASE.x86_64.rpm (the launcher pins the $(REGISTRY) images)
 	REGISTRY=$(REGISTRY) packaging/build-rpm.sh

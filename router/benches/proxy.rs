@@ -1,12 +1,13 @@
 //! Proxy benchmark (not a timed test): the pure parsers, then bulk throughput and connections/s through
 //! the router versus connecting directly, against the same upstream in a network namespace reached over
 //! a veth pair (the router never dials loopback). Needs root for the namespace; prints a Markdown table.
+//! The upstream servers and the namespace come from `agent-sandbox-testkit`, shared with the proxy tests.
 //!
 //! `cargo bench -p agent-sandbox-router --bench proxy` (BENCH_SECS sets the seconds per row, default 3).
 //! Client, router and upstream share this process and the machine's cores, in both columns alike.
 
-#[path = "../tests/proxy_support/mod.rs"]
-mod proxy_support;
+#[path = "../tests/proxy_support/router.rs"]
+mod test_router;
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -16,9 +17,12 @@ use std::time::Instant;
 
 use agent_sandbox_router::proxy::http::parse_request_head;
 use agent_sandbox_router::proxy::tls::{build, HelloReader};
-use proxy_support::{Netns, Settings, TestDns, TestRouter};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use agent_sandbox_testkit::dns::TestDns;
+use agent_sandbox_testkit::netns::{self, Netns};
+use agent_sandbox_testkit::upstream::{bench_http_upstream, traffic_upstream, BULK_HTTP};
+use test_router::{Settings, TestRouter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 fn per_op(what: &str, iters: u32, f: impl Fn()) {
     for _ in 0..iters / 10 {
@@ -55,92 +59,6 @@ fn parsers() {
         black_box(parse_request_head(black_box(head)).unwrap());
     });
 }
-
-/// Upstream in the namespace: `u` → sink (reads, discards), `d` → source (writes until the client
-/// closes), `e` → echo one byte and close, `h` → one HTTP response per request (keep-alive).
-fn serve(listener: TcpListener) {
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let _ = s.set_nodelay(true);
-                let mut mode = [0u8; 1];
-                if s.read_exact(&mut mode).await.is_err() {
-                    return;
-                }
-                let mut buf = vec![0u8; 256 * 1024];
-                match mode[0] {
-                    b'u' => while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {},
-                    b'd' => while s.write_all(&buf).await.is_ok() {},
-                    _ => {
-                        let _ = s.write_all(b"e").await;
-                    }
-                }
-            });
-        }
-    });
-}
-
-/// A keep-alive HTTP upstream answering every request with a tiny 200.
-fn serve_http(listener: TcpListener) {
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let _ = s.set_nodelay(true);
-                let (r, mut w) = s.into_split();
-                let mut r = BufReader::new(r);
-                let mut head = Vec::new();
-                loop {
-                    head.clear();
-                    loop {
-                        let mut line = Vec::new();
-                        match tokio::io::AsyncBufReadExt::read_until(&mut r, b'\n', &mut line).await
-                        {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        let end = line == b"\r\n";
-                        head.extend_from_slice(&line);
-                        if end {
-                            break;
-                        }
-                    }
-                    if head.starts_with(b"GET /bulk ") {
-                        let chunk = vec![b'x'; 256 * 1024];
-                        let head =
-                            format!("HTTP/1.1 200 OK\r\nContent-Length: {BULK_HTTP}\r\n\r\n");
-                        if w.write_all(head.as_bytes()).await.is_err() {
-                            return;
-                        }
-                        let mut left = BULK_HTTP;
-                        while left > 0 {
-                            let n = left.min(chunk.len() as u64) as usize;
-                            if w.write_all(&chunk[..n]).await.is_err() {
-                                return;
-                            }
-                            left -= n as u64;
-                        }
-                        continue;
-                    }
-                    if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-}
-
-/// Bytes of the `/bulk` HTTP response.
-const BULK_HTTP: u64 = 2 << 30;
 
 /// One HTTP download of [`BULK_HTTP`] bytes, in Gbit/s.
 async fn http_bulk(addr: SocketAddr, host: &str) -> f64 {
@@ -273,7 +191,7 @@ fn main() {
         .with_env_filter("info")
         .init();
     parsers();
-    if !proxy_support::can_netns() {
+    if !netns::available() {
         println!("\n(network rows skipped: need root and iproute2)");
         return;
     }
@@ -286,11 +204,11 @@ fn main() {
         let dns = TestDns::start(300).await;
         let host = "bench.test";
         dns.set(host, &[std::net::IpAddr::V4(ns.ns_ip)]);
-        serve(ns.bind(5432));
-        serve_http(ns.bind(80));
+        traffic_upstream(ns.bind(5432));
+        bench_http_upstream(ns.bind(80));
         // The direct rows use another port: a client that closes first leaves TIME_WAIT entries, which
         // would otherwise use up the source ports the router needs towards port 80 in the next row.
-        serve_http(ns.bind(8080));
+        bench_http_upstream(ns.bind(8080));
         let router = TestRouter::start(
             Settings {
                 hosts: vec![host.to_owned()],

@@ -4,10 +4,10 @@
 
 mod proxy_support;
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use proxy_support::*;
+use agent_sandbox_testkit::client::read_response;
+use proxy_support::Scenario;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -23,20 +23,13 @@ async fn trickle(s: &mut TcpStream, bytes: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_heads_one_byte_per_segment() {
     require_netns!();
-    capture_logs();
-    let ns = Netns::create();
-    let dns = TestDns::start(300).await;
-    let ok = format!("ok.trickle{}.test", std::process::id());
-    dns.set(&ok, &[IpAddr::V4(ns.ns_ip)]);
-    let accepts = http_upstream(ns.bind(80));
-    let router = TestRouter::start(
-        Settings {
-            hosts: vec![ok.clone()],
-            ..Settings::default()
-        },
-        &dns,
-    )
-    .await;
+    let w = Scenario::new("trickle")
+        .host("ok")
+        .http_upstream()
+        .start()
+        .await;
+    let ok = w.name("ok");
+    let router = &w.router;
 
     let s = TcpStream::connect(router.http).await.unwrap();
     s.set_nodelay(true).unwrap();
@@ -50,7 +43,11 @@ async fn http_heads_one_byte_per_segment() {
             .expect("a response in time");
         assert_eq!(r, Some((200, format!("host={ok} path={path} len=0 sum=0"))));
     }
-    assert_eq!(accepts.get(), 1, "both requests on one upstream connection");
+    assert_eq!(
+        w.http().get(),
+        1,
+        "both requests on one upstream connection"
+    );
 
     // A malformed request line is refused as soon as the byte that is wrong arrives: the client,
     // which has not finished its head, gets a 400 long before the 10 s peek timeout would answer 408.
@@ -64,5 +61,5 @@ async fn http_heads_one_byte_per_segment() {
         .expect("refused before the head is complete");
     assert_eq!(r.map(|r| r.0), Some(400));
     assert!(start.elapsed() < Duration::from_secs(5));
-    assert_eq!(accepts.get(), 1, "nothing forwarded");
+    assert_eq!(w.http().get(), 1, "nothing forwarded");
 }

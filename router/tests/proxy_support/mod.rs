@@ -1,674 +1,375 @@
-//! Test hosts for the proxy tests: a network namespace joined to ours by a veth pair (addresses from
-//! 198.18.0.0/15, never an outside address), upstream servers bound inside it, a DNS server on loopback
-//! that maps test names to those hosts, a test CA, and a log capture.
+//! The proxy tests' scenario builder and log capture. A [`Scenario`] names what a test needs (names on
+//! the allowlist, names that merely resolve, host:port entries, upstreams, router limits) and starts it:
+//! a network namespace with the upstreams, a test DNS server that points the names at it, a test CA,
+//! and an in-process router ([`router::TestRouter`]) configured for them. The hosts themselves come from
+//! the dev-only `agent-sandbox-testkit` crate, shared with the proxy benchmark.
 //!
-//! The router refuses to dial loopback (that is the point), so upstreams cannot simply listen on
-//! 127.0.0.1: they listen on the namespace's address, which the router reaches through the veth.
-//! Sockets keep the namespace they were created in, so a helper thread enters the namespace, binds, and
-//! hands the listener back to the test's runtime.
+//! The log capture reads the router's JSON events (the contract the launcher's report parses): every
+//! test of a binary shares one capture, so each looks only at events after its own mark.
 #![allow(dead_code, unreachable_pub)]
 
-use std::collections::HashMap;
+pub mod router;
+
 use std::io::Write as _;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::AsRawFd;
-use std::process::Command;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use agent_sandbox_router::proxy::Proxy;
-use agent_sandbox_shared::{HostName, RouterConfig};
-use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::{rdata, Name, RData, Record, RecordType};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio_util::sync::CancellationToken;
+use agent_sandbox_testkit::dns::TestDns;
+use agent_sandbox_testkit::netns::Netns;
+use agent_sandbox_testkit::pki::Pki;
+use agent_sandbox_testkit::upstream::{echo_upstream, http_upstream, tls_upstream, Accepts};
+use router::{Settings, TestRouter};
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Runs `ip ARGS`, panicking with its stderr on failure.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// True when the tests can create namespaces (root with `ip`).
-pub fn can_netns() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && Command::new("ip").arg("-V").output().is_ok()
-}
-
-/// Skips the calling test (returning early) when namespaces are unavailable.
+/// Returns early from the calling test when it cannot create network namespaces (not root): loudly,
+/// or with a failure when `CI` is set.
 #[macro_export]
 macro_rules! require_netns {
     () => {
-        if !proxy_support::can_netns() {
-            eprintln!(
-                "SKIPPED: needs root and iproute2 to create a network namespace for test hosts"
-            );
+        if !agent_sandbox_testkit::netns::require() {
             return;
         }
     };
 }
 
-/// A network namespace with a veth pair: `host_ip` on our side, `ns_ip` inside. Deleted on drop.
-#[derive(Debug)]
-pub struct Netns {
-    pub name: String,
-    host_if: String,
-    pub host_ip: Ipv4Addr,
-    pub ns_ip: Ipv4Addr,
-}
+/// Tests that count descriptors or change process limits take this exclusively ([`Scenario::alone`]);
+/// every other scenario of the binary shares it.
+static PROCESS: RwLock<()> = RwLock::const_new(());
 
-impl Netns {
-    pub fn create() -> Netns {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        static SWEEP: std::sync::Once = std::sync::Once::new();
-        // A test binary killed by a timeout runs no destructors: remove namespaces of ours whose
-        // process is gone (named asp<pid>x<n>).
-        SWEEP.call_once(|| {
-            for entry in std::fs::read_dir("/run/netns")
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(pid) = name
-                    .strip_prefix("asp")
-                    .and_then(|r| r.split_once('x'))
-                    .and_then(|(p, _)| p.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = Command::new("ip").args(["netns", "del", &name]).output();
-                }
-            }
-        });
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id() as usize;
-        let name = format!("asp{pid}x{n}");
-        let host_if = format!("vh{}x{n}", pid % 100_000);
-        let ns_if = format!("vn{}x{n}", pid % 100_000);
-        // One /30 per namespace in 198.18.0.0/15 (32768 of them), spread by pid.
-        let block = ((pid * 64 + n) % 32768) as u32;
-        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + block * 4;
-        let host_ip = Ipv4Addr::from(base + 1);
-        let ns_ip = Ipv4Addr::from(base + 2);
-        let guard = Netns {
-            name: name.clone(),
-            host_if: host_if.clone(),
-            host_ip,
-            ns_ip,
-        };
-        ip(&["netns", "add", &name]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &name,
-        ]);
-        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]);
-        ip(&["link", "set", &host_if, "up"]);
-        ip(&[
-            "-n",
-            &name,
-            "addr",
-            "add",
-            &format!("{ns_ip}/30"),
-            "dev",
-            &ns_if,
-        ]);
-        ip(&["-n", &name, "link", "set", &ns_if, "up"]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        guard
-    }
-
-    /// A listener bound inside the namespace.
-    pub fn bind(&self, port: u16) -> TcpListener {
-        let path = format!("/run/netns/{}", self.name);
-        let addr = SocketAddr::new(IpAddr::V4(self.ns_ip), port);
-        let std_listener = std::thread::spawn(move || {
-            let ns = std::fs::File::open(&path).expect("open netns");
-            // SAFETY: setns on this helper thread only; the fd is valid for the call.
-            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-            let l = std::net::TcpListener::bind(addr).expect("bind in netns");
-            l.set_nonblocking(true).unwrap();
-            l
-        })
-        .join()
-        .unwrap();
-        TcpListener::from_std(std_listener).unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting the namespace deletes the veth pair with it; the link delete is a fallback.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .output();
-    }
-}
-
-/// A DNS server on 127.0.0.1 that answers test names from a table and counts queries.
-#[derive(Clone, Debug)]
-pub struct TestDns {
-    pub addr: SocketAddr,
-    records: Arc<Mutex<HashMap<String, Vec<IpAddr>>>>,
-    pub queries: Arc<Mutex<Vec<(String, RecordType)>>>,
-    stop: CancellationToken,
-}
-
-impl TestDns {
-    pub async fn start(ttl: u32) -> TestDns {
-        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let dns = TestDns {
-            addr: sock.local_addr().unwrap(),
-            records: Arc::default(),
-            queries: Arc::default(),
-            stop: CancellationToken::new(),
-        };
-        let d = dns.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            loop {
-                let (n, peer) = tokio::select! {
-                    () = d.stop.cancelled() => return,
-                    r = sock.recv_from(&mut buf) => match r { Ok(r) => r, Err(_) => continue },
-                };
-                let Ok(q) = Message::from_vec(&buf[..n]) else {
-                    continue;
-                };
-                let Some(query) = q.queries.first().cloned() else {
-                    continue;
-                };
-                let name = query
-                    .name()
-                    .to_ascii()
-                    .trim_end_matches('.')
-                    .to_ascii_lowercase();
-                let qtype = query.query_type();
-                d.queries.lock().unwrap().push((name.clone(), qtype));
-                let mut resp = Message::new(q.metadata.id, MessageType::Response, OpCode::Query);
-                resp.metadata.recursion_desired = q.metadata.recursion_desired;
-                resp.metadata.recursion_available = true;
-                resp.metadata.authoritative = true;
-                resp.add_query(query.clone());
-                match d.records.lock().unwrap().get(&name) {
-                    None => resp.metadata.response_code = ResponseCode::NXDomain,
-                    Some(addrs) => {
-                        for a in addrs {
-                            let rdata = match (a, qtype) {
-                                (IpAddr::V4(v4), RecordType::A) => RData::A(rdata::A(*v4)),
-                                (IpAddr::V6(v6), RecordType::AAAA) => RData::AAAA(rdata::AAAA(*v6)),
-                                _ => continue,
-                            };
-                            resp.add_answer(Record::from_rdata(
-                                Name::from_ascii(format!("{name}.")).unwrap(),
-                                ttl,
-                                rdata,
-                            ));
-                        }
-                    }
-                }
-                if let Ok(bytes) = resp.to_vec() {
-                    let _ = sock.send_to(&bytes, peer).await;
-                }
-            }
-        });
-        dns
-    }
-
-    pub fn set(&self, name: &str, addrs: &[IpAddr]) {
-        self.records
-            .lock()
-            .unwrap()
-            .insert(name.to_owned(), addrs.to_vec());
-    }
-
-    /// How many queries of `rtype` named `name`.
-    pub fn count_type(&self, name: &str, rtype: RecordType) -> usize {
-        self.queries
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(n, t)| n == name && *t == rtype)
-            .count()
-    }
-
-    /// How many queries named `name`.
-    pub fn count(&self, name: &str) -> usize {
-        self.queries
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(n, _)| n == name)
-            .count()
-    }
-}
-
-/// A router (just the proxy) serving on loopback, stopped on drop.
-#[derive(Debug)]
-pub struct TestRouter {
-    pub https: SocketAddr,
-    pub http: SocketAddr,
-    pub forwards: Vec<(String, u16, SocketAddr)>,
-    pub stop: CancellationToken,
-    pub tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// Router settings for a test.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub hosts: Vec<String>,
-    pub subdomains: Vec<String>,
-    pub forwards: Vec<(String, u16)>,
-    pub peek_timeout_secs: u64,
-    pub connect_timeout_secs: u64,
-    pub max_connections: usize,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            hosts: Vec::new(),
-            subdomains: Vec::new(),
-            forwards: Vec::new(),
-            peek_timeout_secs: 10,
-            connect_timeout_secs: 3,
-            max_connections: 4096,
-        }
-    }
-}
-
-impl TestRouter {
-    pub async fn start(settings: Settings, dns: &TestDns) -> TestRouter {
-        let mut toml = format!(
-            "hosts = {:?}\nsubdomains = {:?}\nresolvers = [\"{}\"]\npeek_timeout_secs = {}\nconnect_timeout_secs = {}\nmax_connections = {}\n",
-            settings.hosts,
-            settings.subdomains,
-            dns.addr,
-            settings.peek_timeout_secs,
-            settings.connect_timeout_secs,
-            settings.max_connections
-        );
-        toml.push_str("[listen]\nhttp = \"127.0.0.1:0\"\nhttps = \"127.0.0.1:0\"\n");
-        for (host, port) in &settings.forwards {
-            toml.push_str(&format!(
-                "[[forwards]]\nhost = \"{host}\"\nport = {port}\nlisten = \"127.0.0.1:0\"\n"
-            ));
-        }
-        toml.push_str("[answers]\ndefault = \"127.0.0.2\"\n");
-        let config = RouterConfig::from_toml(&toml)
-            .unwrap_or_else(|e| panic!("{e}\n{toml}"))
-            .validate()
-            .unwrap();
-        let proxy = Arc::new(Proxy::new(&config).unwrap());
-        let stop = CancellationToken::new();
-        let https = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut router = TestRouter {
-            https: https.local_addr().unwrap(),
-            http: http.local_addr().unwrap(),
-            forwards: Vec::new(),
-            stop: stop.clone(),
-            tasks: Vec::new(),
-        };
-        router.tasks.push(tokio::spawn(
-            Arc::clone(&proxy).serve_https(https, stop.clone()),
-        ));
-        router.tasks.push(tokio::spawn(
-            Arc::clone(&proxy).serve_http(http, stop.clone()),
-        ));
-        for (host, port) in &settings.forwards {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            router
-                .forwards
-                .push((host.clone(), *port, l.local_addr().unwrap()));
-            router
-                .tasks
-                .push(tokio::spawn(Arc::clone(&proxy).serve_forward(
-                    l,
-                    HostName::parse(host).unwrap(),
-                    *port,
-                    stop.clone(),
-                )));
-        }
-        router
-    }
-
-    pub fn forward(&self, host: &str, port: u16) -> SocketAddr {
-        self.forwards
-            .iter()
-            .find(|(h, p, _)| h == host && *p == port)
-            .unwrap()
-            .2
-    }
-}
-
-impl Drop for TestRouter {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-/// A test CA and a server certificate for the given names.
-pub struct Pki {
-    pub ca_der: rustls::pki_types::CertificateDer<'static>,
-    pub server: Arc<rustls::ServerConfig>,
-}
-
-pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-impl Pki {
-    pub fn new(names: &[&str]) -> Pki {
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "agent-sandbox test CA");
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-        let leaf_key = rcgen::KeyPair::generate().unwrap();
-        let leaf_params = rcgen::CertificateParams::new(
-            names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(),
-        )
-        .unwrap();
-        let leaf = leaf_params.signed_by(&leaf_key, &ca).unwrap();
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
-            rustls::pki_types::PrivatePkcs8KeyDer::from(leaf_key.serialize_der()),
-        );
-        let server = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], key)
-            .unwrap();
-        Pki {
-            ca_der: ca.der().clone(),
-            server: Arc::new(server),
-        }
-    }
-
-    pub fn client_config(&self) -> rustls::ClientConfig {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(self.ca_der.clone()).unwrap();
-        rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth()
-    }
-}
-
-/// Counts accepted connections of a test upstream.
-#[derive(Clone, Debug, Default)]
-pub struct Accepts(pub Arc<AtomicUsize>);
-
-impl Accepts {
-    pub fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// A TLS upstream: answers each line with `upstream <sni> <line>`.
-pub fn tls_upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> Accepts {
-    let accepts = Accepts::default();
-    let count = accepts.clone();
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.0.fetch_add(1, Ordering::SeqCst);
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let sni = tls.get_ref().1.server_name().unwrap_or("-").to_owned();
-                let (r, mut w) = tokio::io::split(tls);
-                let mut lines = BufReader::new(r).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if w.write_all(format!("upstream {sni} {line}\n").as_bytes())
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    accepts
-}
-
-/// A TCP echo upstream (for host:port entries and raw tests).
-pub fn echo_upstream(listener: TcpListener) -> Accepts {
-    let accepts = Accepts::default();
-    let count = accepts.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.0.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let (mut r, mut w) = stream.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    accepts
-}
-
-/// An HTTP/1.1 upstream with keep-alive. Every response body is
-/// `host=<Host> path=<target> len=<body bytes> sum=<byte sum>`. A request with `Upgrade` for `/ws`
-/// gets a genuine WebSocket `101` (the RFC 6455 `Sec-WebSocket-Accept` for its key) and then raw echo;
-/// `/ws-noaccept`, `/ws-badaccept` and `/ws-other` get a `101` without the accept, with a wrong one,
-/// or switching to another protocol, then raw echo too (what a misbehaving or hostile upstream does).
-pub fn http_upstream(listener: TcpListener) -> Accepts {
-    let accepts = Accepts::default();
-    let count = accepts.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.0.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve_http_conn(stream));
-        }
-    });
-    accepts
-}
-
-async fn serve_http_conn(stream: TcpStream) {
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    loop {
-        let mut head = Vec::new();
-        loop {
-            let mut line = Vec::new();
-            match r.read_until(b'\n', &mut line).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let end = line == b"\r\n";
-            head.extend_from_slice(&line);
-            if end {
-                break;
-            }
-        }
-        let text = String::from_utf8_lossy(&head).into_owned();
-        let mut lines = text.split("\r\n");
-        let request_line = lines.next().unwrap_or_default().to_owned();
-        let target = request_line
-            .split(' ')
-            .nth(1)
-            .unwrap_or_default()
-            .to_owned();
-        let mut host = String::new();
-        let mut length = 0usize;
-        let mut chunked = false;
-        let mut upgrade = false;
-        let mut ws_key = String::new();
-        for l in lines {
-            if let Some((k, v)) = l.split_once(':') {
-                let v = v.trim();
-                match k.to_ascii_lowercase().as_str() {
-                    "host" => host = v.to_owned(),
-                    "content-length" => length = v.parse().unwrap_or(0),
-                    "transfer-encoding" => chunked = v.eq_ignore_ascii_case("chunked"),
-                    "upgrade" => upgrade = true,
-                    "sec-websocket-key" => ws_key = v.to_owned(),
-                    _ => {}
-                }
-            }
-        }
-        let mut body_len = 0u64;
-        let mut sum = 0u64;
-        let mut consume = |data: &[u8]| {
-            body_len += data.len() as u64;
-            sum = data.iter().fold(sum, |s, b| s.wrapping_add(u64::from(*b)));
-        };
-        if chunked {
-            loop {
-                let mut size_line = String::new();
-                if r.read_line(&mut size_line).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap(), 16)
-                    .unwrap_or(0);
-                if size == 0 {
-                    let mut crlf = String::new();
-                    let _ = r.read_line(&mut crlf).await;
-                    break;
-                }
-                let mut data = vec![0u8; size + 2];
-                if r.read_exact(&mut data).await.is_err() {
-                    return;
-                }
-                consume(&data[..size]);
-            }
-        } else {
-            let mut left = length;
-            let mut buf = vec![0u8; 64 * 1024];
-            while left > 0 {
-                let n = left.min(buf.len());
-                if r.read_exact(&mut buf[..n]).await.is_err() {
-                    return;
-                }
-                consume(&buf[..n]);
-                left -= n;
-            }
-        }
-        let switch = match target.as_str() {
-            "/ws" => Some(format!(
-                "Upgrade: websocket\r\nSec-WebSocket-Accept: {}\r\n",
-                websocket_accept(&ws_key)
-            )),
-            "/ws-noaccept" => Some("Upgrade: websocket\r\n".to_owned()),
-            "/ws-badaccept" => Some(format!(
-                "Upgrade: websocket\r\nSec-WebSocket-Accept: {}\r\n",
-                websocket_accept("AAAAAAAAAAAAAAAAAAAAAA==")
-            )),
-            "/ws-other" => Some(format!(
-                "Upgrade: h2c\r\nSec-WebSocket-Accept: {}\r\n",
-                websocket_accept(&ws_key)
-            )),
-            _ => None,
-        };
-        if let (true, Some(fields)) = (upgrade, switch) {
-            let _ = w
-                .write_all(
-                    format!(
-                        "HTTP/1.1 101 Switching Protocols\r\n{fields}Connection: Upgrade\r\n\r\n"
-                    )
-                    .as_bytes(),
-                )
-                .await;
-            let mut r = r;
-            let _ = tokio::io::copy(&mut r, &mut w).await;
-            let _ = w.shutdown().await;
-            return;
-        }
-        let body = format!("host={host} path={target} len={body_len} sum={sum}");
-        let resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        if w.write_all(resp.as_bytes()).await.is_err() {
-            return;
-        }
-        if target == "/close" {
-            return;
-        }
-    }
-}
-
-/// RFC 6455's `Sec-WebSocket-Accept` for a key, computed here independently of the router.
-pub fn websocket_accept(key: &str) -> String {
-    use base64::Engine as _;
-    let mut sha = sha1_smol::Sha1::new();
-    sha.update(key.as_bytes());
-    sha.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
-    base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes())
-}
-
-/// A valid WebSocket opening handshake for `path` on `host` (RFC 6455's example key).
-pub fn websocket_request(host: &str, path: &str) -> String {
+/// A fresh test-unique label.
+pub fn uniq(tag: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
     format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        "{tag}{}p{}",
+        N.fetch_add(1, Ordering::Relaxed),
+        std::process::id()
     )
 }
 
-/// Reads one HTTP response with a Content-Length body: (status, body).
-pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> Option<(u16, String)> {
-    let mut status = 0;
-    let mut length = 0usize;
-    let mut first = true;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        if first {
-            status = line.split(' ').nth(1)?.parse().ok()?;
-            first = false;
-            continue;
-        }
-        if line == "\r\n" {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0u8; length];
-    r.read_exact(&mut body).await.ok()?;
-    Some((status, String::from_utf8_lossy(&body).into_owned()))
+/// An upstream server a scenario starts in its namespace.
+#[derive(Debug, Clone, Copy)]
+enum Upstream {
+    /// [`tls_upstream`] on 443, with the scenario's certificate.
+    Tls,
+    /// [`http_upstream`] on 80.
+    Http,
+    /// [`echo_upstream`] on this port.
+    Echo(u16),
 }
 
-/// Reads until end of stream (or 10 s).
-pub async fn read_to_end(s: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
-    out
+/// What a test needs, built up then started. Names are labels under the scenario's own domain
+/// (`LABEL.<tag><n>p<pid>.test`; `""` is the domain itself).
+#[derive(Debug)]
+#[must_use]
+pub struct Scenario {
+    /// Prefix of the domain, for reading logs.
+    tag: String,
+    /// Exact names on the allowlist that resolve to the namespace.
+    hosts: Vec<String>,
+    /// Exact names on the allowlist that do not resolve (NXDOMAIN).
+    unresolvable: Vec<String>,
+    /// The domain with every subdomain is on the allowlist.
+    subdomains: bool,
+    /// Names that resolve to the namespace but are not on the allowlist.
+    resolves: Vec<String>,
+    /// host:port entries (the host resolves to the namespace).
+    forwards: Vec<(String, u16)>,
+    /// The certificate's names, when not the hosts' and resolving names.
+    cert: Option<Vec<String>>,
+    /// Servers to start in the namespace.
+    upstreams: Vec<Upstream>,
+    /// TTL of the test DNS server's answers.
+    dns_ttl: u32,
+    /// Router settings other than the names.
+    settings: Settings,
+    /// Run with no other scenario of this binary at the same time.
+    alone: bool,
+}
+
+impl Scenario {
+    /// An empty scenario; `tag` names its domain.
+    pub fn new(tag: &str) -> Scenario {
+        Scenario {
+            tag: tag.to_owned(),
+            hosts: Vec::new(),
+            unresolvable: Vec::new(),
+            subdomains: false,
+            resolves: Vec::new(),
+            forwards: Vec::new(),
+            cert: None,
+            upstreams: Vec::new(),
+            dns_ttl: 300,
+            settings: Settings::default(),
+            alone: false,
+        }
+    }
+
+    /// `label` on the allowlist (an exact name), resolving to the namespace.
+    pub fn host(mut self, label: &str) -> Scenario {
+        self.hosts.push(label.to_owned());
+        self
+    }
+
+    /// `label` on the allowlist, but with no address in DNS.
+    pub fn unresolvable_host(mut self, label: &str) -> Scenario {
+        self.unresolvable.push(label.to_owned());
+        self
+    }
+
+    /// The scenario's domain and every name below it on the allowlist.
+    pub fn subdomains(mut self) -> Scenario {
+        self.subdomains = true;
+        self
+    }
+
+    /// `label` resolves to the namespace but is not on the allowlist.
+    pub fn resolves(mut self, label: &str) -> Scenario {
+        self.resolves.push(label.to_owned());
+        self
+    }
+
+    /// A host:port entry for `label` (which resolves to the namespace).
+    pub fn forward(mut self, label: &str, port: u16) -> Scenario {
+        self.forwards.push((label.to_owned(), port));
+        self
+    }
+
+    /// The certificate's names (labels; `*.x` for a wildcard) instead of every host and resolving name.
+    pub fn cert(mut self, labels: &[&str]) -> Scenario {
+        self.cert = Some(labels.iter().map(|l| (*l).to_owned()).collect());
+        self
+    }
+
+    /// A TLS upstream on port 443 that answers each line with `upstream <sni> <line>`.
+    pub fn tls_upstream(mut self) -> Scenario {
+        self.upstreams.push(Upstream::Tls);
+        self
+    }
+
+    /// An HTTP upstream on port 80 that describes each request.
+    pub fn http_upstream(mut self) -> Scenario {
+        self.upstreams.push(Upstream::Http);
+        self
+    }
+
+    /// A TCP echo upstream on `port`.
+    pub fn echo_upstream(mut self, port: u16) -> Scenario {
+        self.upstreams.push(Upstream::Echo(port));
+        self
+    }
+
+    /// TTL of DNS answers (default 300 s).
+    pub fn dns_ttl(mut self, secs: u32) -> Scenario {
+        self.dns_ttl = secs;
+        self
+    }
+
+    /// The router's peek timeout (default 10 s).
+    pub fn peek_timeout_secs(mut self, secs: u64) -> Scenario {
+        self.settings.peek_timeout_secs = secs;
+        self
+    }
+
+    /// The router's connection cap (default 4096).
+    pub fn max_connections(mut self, n: usize) -> Scenario {
+        self.settings.max_connections = n;
+        self
+    }
+
+    /// Runs with no other scenario of this test binary at once: for tests that count the process's
+    /// descriptors or change its limits.
+    pub fn alone(mut self) -> Scenario {
+        self.alone = true;
+        self
+    }
+
+    /// Starts the hosts and the in-process router.
+    pub async fn start(self) -> Running {
+        let settings = self.settings.clone();
+        let world = self.world().await;
+        let router = TestRouter::start(
+            Settings {
+                hosts: world.hosts.clone(),
+                subdomains: world.subdomains.clone(),
+                forwards: world.forwards.clone(),
+                ..settings
+            },
+            &world.dns,
+        )
+        .await;
+        Running { router, world }
+    }
+
+    /// Starts the hosts only (a test that runs the router itself).
+    pub async fn world(self) -> World {
+        let guard = if self.alone {
+            Guard::Alone(PROCESS.write().await)
+        } else {
+            Guard::Shared(PROCESS.read().await)
+        };
+        capture_logs();
+        let mark = log_mark();
+        let domain = format!("{}.test", uniq(&self.tag));
+        let name = |label: &str| full_name(&domain, label);
+        let ns = Netns::create();
+        let dns = TestDns::start(self.dns_ttl).await;
+        let point = |n: &str| dns.set(n, &[IpAddr::V4(ns.ns_ip)]);
+        let hosts: Vec<String> = self.hosts.iter().map(|l| name(l)).collect();
+        let resolves: Vec<String> = self.resolves.iter().map(|l| name(l)).collect();
+        let forwards: Vec<(String, u16)> =
+            self.forwards.iter().map(|(l, p)| (name(l), *p)).collect();
+        for n in hosts
+            .iter()
+            .chain(&resolves)
+            .chain(forwards.iter().map(|(n, _)| n))
+        {
+            point(n);
+        }
+        let cert: Vec<String> = match &self.cert {
+            Some(labels) => labels.iter().map(|l| name(l)).collect(),
+            None => hosts.iter().chain(&resolves).cloned().collect(),
+        };
+        let pki = Pki::new(&cert.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut upstreams = Upstreams::default();
+        for u in &self.upstreams {
+            match u {
+                Upstream::Tls => {
+                    upstreams.tls = Some(tls_upstream(ns.bind(443), Arc::clone(&pki.server)));
+                }
+                Upstream::Http => upstreams.http = Some(http_upstream(ns.bind(80))),
+                Upstream::Echo(port) => upstreams.echo = Some(echo_upstream(ns.bind(*port))),
+            }
+        }
+        World {
+            mark,
+            hosts: hosts
+                .into_iter()
+                .chain(self.unresolvable.iter().map(|l| name(l)))
+                .collect(),
+            subdomains: if self.subdomains {
+                vec![domain.clone()]
+            } else {
+                Vec::new()
+            },
+            forwards,
+            domain,
+            ns,
+            dns,
+            pki,
+            upstreams,
+            _guard: guard,
+        }
+    }
+}
+
+/// `label` under `domain` (`""` is the domain itself).
+fn full_name(domain: &str, label: &str) -> String {
+    if label.is_empty() {
+        domain.to_owned()
+    } else {
+        format!("{label}.{domain}")
+    }
+}
+
+/// The scenario's hold on [`PROCESS`].
+#[derive(Debug)]
+enum Guard {
+    /// With other scenarios.
+    Shared(RwLockReadGuard<'static, ()>),
+    /// Alone.
+    Alone(RwLockWriteGuard<'static, ()>),
+}
+
+/// The accept counters of a scenario's upstreams.
+#[derive(Debug, Default)]
+struct Upstreams {
+    /// The TLS upstream's.
+    tls: Option<Accepts>,
+    /// The HTTP upstream's.
+    http: Option<Accepts>,
+    /// The echo upstream's.
+    echo: Option<Accepts>,
+}
+
+/// A started scenario without a router: its hosts, DNS and CA.
+#[derive(Debug)]
+pub struct World {
+    /// Where this test's log events begin.
+    pub mark: usize,
+    /// The scenario's domain (`<tag><n>p<pid>.test`).
+    pub domain: String,
+    /// The namespace the upstreams listen in.
+    pub ns: Netns,
+    /// The router's resolver.
+    pub dns: TestDns,
+    /// The CA the upstream's certificate comes from.
+    pub pki: Pki,
+    /// Exact names on the allowlist.
+    pub hosts: Vec<String>,
+    /// Names on the allowlist with their subdomains.
+    pub subdomains: Vec<String>,
+    /// host:port entries.
+    pub forwards: Vec<(String, u16)>,
+    /// The upstreams' accept counters.
+    upstreams: Upstreams,
+    /// Held to the end of the test.
+    _guard: Guard,
+}
+
+impl World {
+    /// `label` under the scenario's domain (`""` is the domain itself).
+    pub fn name(&self, label: &str) -> String {
+        full_name(&self.domain, label)
+    }
+
+    /// Makes `name` resolve to the namespace.
+    pub fn point(&self, name: &str) {
+        self.dns.set(name, &[IpAddr::V4(self.ns.ns_ip)]);
+    }
+
+    /// Connections the TLS upstream accepted.
+    pub fn tls(&self) -> &Accepts {
+        self.upstreams
+            .tls
+            .as_ref()
+            .expect("no TLS upstream in this scenario")
+    }
+
+    /// Connections the HTTP upstream accepted.
+    pub fn http(&self) -> &Accepts {
+        self.upstreams
+            .http
+            .as_ref()
+            .expect("no HTTP upstream in this scenario")
+    }
+
+    /// Connections the echo upstream accepted.
+    pub fn echo(&self) -> &Accepts {
+        self.upstreams
+            .echo
+            .as_ref()
+            .expect("no echo upstream in this scenario")
+    }
+}
+
+/// A started scenario: its world and the router serving it (stopped first on drop).
+#[derive(Debug)]
+pub struct Running {
+    /// The in-process router.
+    pub router: TestRouter,
+    /// Hosts, DNS, CA.
+    pub world: World,
+}
+
+impl Deref for Running {
+    type Target = World;
+
+    fn deref(&self) -> &World {
+        &self.world
+    }
 }
 
 /// Captured log lines (JSON), shared by every test of the binary.

@@ -1,0 +1,93 @@
+//! Files and powers (tests/e2e/scripts/files.sh): only the project is visible and writable, files
+//! created there belong to the invoking user, and the sandbox has no capability, socket, setuid file or
+//! host proxy variable.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
+use std::process::Command;
+
+use crate::mode::{current_ids, sh};
+use crate::suite::Suite;
+
+/// Runs the scenario, recording its checks.
+pub(crate) fn run(s: &mut Suite<'_>) {
+    let dir = s.project("files");
+    // Something outside the project that must stay invisible.
+    let secret = s.fx.root.join("outside-secret");
+    fs::write(&secret, "secret").unwrap();
+    // The host's home (rootless: the user's real one) is not the sandbox's: its files stay outside.
+    let marker = s.mode.home.join(".as-e2e-host-home-marker");
+    fs::write(&marker, "host").unwrap();
+    s.copy_script(&dir, "files.sh");
+    // A file system mounted below the project on the host stays out: the project's bind mount is
+    // not recursive (needs root to mount; the suite runs as root).
+    let submount = dir.join("submount");
+    fs::create_dir_all(&submount).unwrap();
+    let mounted = current_ids().0 == 0
+        && sh(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "as-e2e-submount"])
+            .arg(&submount))
+        .status
+        .success();
+    if mounted {
+        fs::write(submount.join("marker"), "below").unwrap();
+    }
+    // podman would copy the host's proxy variables (with their credentials) into containers.
+    let proxy = "http://user:as-e2e-proxy-secret@proxy.invalid:3128".to_owned();
+    let r = s.launch_env(
+        &dir,
+        &[
+            "--exec",
+            "bash",
+            "./files.sh",
+            secret.to_str().unwrap(),
+            marker.to_str().unwrap(),
+        ],
+        &[("http_proxy", proxy.clone()), ("HTTPS_PROXY", proxy)],
+    );
+    if mounted {
+        let _ = sh(Command::new("umount").arg(&submount));
+    }
+    let _ = fs::remove_file(&marker);
+    let mode = s.mode.clone();
+    s.checks.script(
+        &mode,
+        &r.stdout,
+        &[
+            "project-writable",
+            "outside-invisible",
+            "host-home-invisible",
+            "only-expected-host-mounts",
+            "home-is-volume",
+            "no-address-change",
+            "no-route-change",
+            "no-nftables",
+            "hosts-readonly",
+            "resolv-readonly",
+            "forwarder-invisible",
+            "no-podman-socket",
+            "no-setuid-files",
+            "no-capabilities",
+            "no-host-proxy-variables",
+            "ipv6-disabled",
+        ],
+    );
+    if mounted {
+        s.checks.script(&mode, &r.stdout, &["submount-invisible"]);
+    }
+    let created = dir.join("created-in-sandbox");
+    let owner = fs::metadata(&created).map(|m| (m.uid(), m.gid()));
+    let expect = if mode.rootful() {
+        let m = fs::metadata(&dir).unwrap();
+        (m.uid(), m.gid())
+    } else {
+        (mode.uid, mode.gid)
+    };
+    s.checks.check(
+        owner.as_ref().is_ok_and(|o| o.0 == expect.0),
+        format!(
+            "[{}] a file created in $PWD is owned by the invoking user {expect:?} on the host: {owner:?}",
+            mode.name()
+        ),
+    );
+}
