@@ -13,6 +13,13 @@ mod dns_udp;
 pub mod logging;
 pub mod proxy;
 
+/// Private parsers, exposed to the fuzz targets in `fuzz/` only (the `fuzzing` feature).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzz_api {
+    pub use crate::dns_udp::{fuzz_parse as dns_udp_parse, FuzzQuestion as DnsQuestion};
+}
+
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
