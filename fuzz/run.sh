@@ -11,6 +11,9 @@ targets="${FUZZ_TARGETS:-tls_hello tls_hello_structured http_request dns_udp all
 # A single input taking longer than this is a hang.
 timeout_secs="${FUZZ_TIMEOUT:-10}"
 rss_mb="${FUZZ_RSS_MB:-2048}"
+# Extra `cargo fuzz run` flags; none means release with debug assertions (overflow checks) on, and
+# `-O` drops the assertions (a build without them is faster, and is a second build to wait for).
+read -r -a build_flags <<<"${FUZZ_BUILD_FLAGS:-}"
 
 cd "$(dirname "$0")"
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -27,7 +30,7 @@ for target in $targets; do
     fi
     log="work/$target.log"
     echo "== $target: ${seconds}s"
-    if cargo +nightly fuzz run "$target" "${corpora[@]}" -- \
+    if cargo +nightly fuzz run "${build_flags[@]}" "$target" "${corpora[@]}" -- \
         -max_total_time="$seconds" -timeout="$timeout_secs" -rss_limit_mb="$rss_mb" \
         -print_final_stats=1 >"$log" 2>&1; then
         result=ok

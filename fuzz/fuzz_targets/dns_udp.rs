@@ -28,7 +28,11 @@ fuzz_target!(|data: &[u8]| {
             wire.push(data[at + 1..at + 1 + len].to_vec());
             at += 1 + len;
         }
-        assert_eq!(at + 5, end, "the question ends after the root label, type and class");
+        assert_eq!(
+            at + 5,
+            end,
+            "the question ends after the root label, type and class"
+        );
         let mut labels = Vec::new();
         if name != "." {
             for label in name.trim_end_matches('.').split('.') {

@@ -18,7 +18,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let valid = config.validate();
     let again = RouterConfig::from_toml(&config.to_toml()).expect("our own TOML parses");
-    assert_eq!(again, config, "the TOML round trip changed the configuration");
+    assert_eq!(
+        again, config,
+        "the TOML round trip changed the configuration"
+    );
     let valid_again = again.validate();
     assert_eq!(valid.is_ok(), valid_again.is_ok());
     if let (Ok(a), Ok(b)) = (valid, valid_again) {

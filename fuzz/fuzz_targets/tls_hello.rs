@@ -19,7 +19,10 @@ fn feed(data: &[u8], cuts: &[usize]) -> Result<Option<Vec<u8>>, HelloError> {
             match reader.push(read) {
                 Ok(None) => {}
                 Ok(Some(sni)) => {
-                    assert!(data.starts_with(reader.buffered()), "buffered bytes changed");
+                    assert!(
+                        data.starts_with(reader.buffered()),
+                        "buffered bytes changed"
+                    );
                     return Ok(Some(sni));
                 }
                 Err(e) => return Err(e),
@@ -36,7 +39,8 @@ fuzz_target!(|data: &[u8]| {
     for cuts in &all[1..] {
         let outcome = feed(data, cuts);
         assert_eq!(
-            outcome, whole,
+            outcome,
+            whole,
             "the decision depends on the read boundaries ({} reads)",
             cuts.len()
         );

@@ -115,7 +115,10 @@ fuzz_target!(|input: Input| {
     let outcome = feed(&stream, &cut(stream.len(), &input.reads, 4096));
     let bytewise = feed(&stream, &vec![1; stream.len()]);
     if hello.len() <= 1 << 14 {
-        assert_eq!(outcome, one_record, "record boundaries changed the decision");
+        assert_eq!(
+            outcome, one_record,
+            "record boundaries changed the decision"
+        );
     }
     assert_eq!(outcome, bytewise, "read boundaries changed the decision");
 

@@ -438,7 +438,9 @@ db.example.com:5432
     /// took minutes). The check must look up the entry's own parents instead.
     #[test]
     fn many_wildcards_parse_in_linear_time() {
-        let text: String = (0..30_000).map(|i| format!(".w{i}.test\nh.w{i}.test\n")).collect();
+        let text: String = (0..30_000)
+            .map(|i| format!(".w{i}.test\nh.w{i}.test\n"))
+            .collect();
         let started = std::time::Instant::now();
         let list = Allowlist::parse(&text, "t").unwrap();
         let spent = started.elapsed();
