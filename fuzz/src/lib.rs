@@ -65,12 +65,14 @@ pub fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Fails when the work since `start` (thread CPU time) is more than linear in `bytes`: a fixed 20 ms
+/// Fails when the work since `start` (thread CPU time) is more than linear in `bytes`: a fixed 250 ms
 /// plus 20 µs a byte. A linear parser, sanitizer-instrumented and fed one byte at a time, spends well
-/// under 1 µs a byte; re-scanning the buffer on every read of a 64 KiB input costs seconds.
+/// under 1 µs a byte; re-scanning the buffer on every read of a 64 KiB input costs seconds. The fixed
+/// part absorbs the sanitizer allocator's occasional housekeeping (a 62-byte DNS query once measured
+/// 34 ms on a loaded machine); the deterministic counts in the targets catch smaller blow-ups.
 pub fn assert_linear(what: &str, bytes: usize, start: Duration) {
     let spent = thread_cpu().saturating_sub(start);
-    let budget = Duration::from_millis(20) + Duration::from_micros(20) * bytes as u32;
+    let budget = Duration::from_millis(250) + Duration::from_micros(20) * bytes as u32;
     assert!(
         spent <= budget,
         "{what}: {spent:?} of CPU for {bytes} bytes (budget {budget:?}): not linear"
