@@ -20,7 +20,7 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench packaging-test
+	rpm release-images patch minor major pre-commit bench packaging-test fuzz
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -64,6 +64,9 @@ e2e: ## end-to-end suite: real launcher, podman and images; rootful and rootless
 	$(if $(SANDBOX_BASE),,tests/e2e/make-base.sh $(LOCAL_BASE))
 	$(MAKE) --no-print-directory build SANDBOX_BASE=$(or $(SANDBOX_BASE),$(LOCAL_BASE))
 	AGENT_SANDBOX_E2E=1 $(CARGO) test --locked -p agent-sandbox --test e2e -- $(E2E)
+
+fuzz: ## every cargo-fuzz target FUZZ_SECONDS s (default 120); reproducers in fuzz/artifacts/TARGET/
+	FUZZ_SECONDS=$(or $(FUZZ_SECONDS),120) fuzz/run.sh
 
 rpm: ## dist/agent-sandbox-VERSION-RELEASE.x86_64.rpm (the launcher pins the $(REGISTRY) images)
 	REGISTRY=$(REGISTRY) packaging/build-rpm.sh

@@ -138,6 +138,20 @@ fn parse(packet: &[u8]) -> Result<Question, Malformed> {
     })
 }
 
+/// [`parse`]'s outcome for the fuzz targets: the question, or the response code (`None`: dropped).
+#[cfg(feature = "fuzzing")]
+pub type FuzzQuestion = Result<(String, u16, u16, usize, bool), Option<u16>>;
+
+/// [`parse`], for the fuzz targets (`fuzz_api`).
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_parse(packet: &[u8]) -> FuzzQuestion {
+    match parse(packet) {
+        Ok(q) => Ok((q.name, q.qtype, q.qclass, q.end, q.edns)),
+        Err(Malformed::Drop) => Err(None),
+        Err(Malformed::Code(code)) => Err(Some(u16::from(code))),
+    }
+}
+
 /// Writes the reply to `packet` into `out`; returns false when nothing is to be sent.
 pub(crate) fn respond(
     handler: &DnsHandler,

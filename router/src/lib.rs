@@ -27,6 +27,13 @@ pub mod reload;
 pub mod watch;
 mod workers;
 
+/// Private parsers, exposed to the fuzz targets in `fuzz/` only (the `fuzzing` feature).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzz_api {
+    pub use crate::dns_udp::{fuzz_parse as dns_udp_parse, FuzzQuestion as DnsQuestion};
+}
+
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 
