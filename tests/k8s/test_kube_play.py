@@ -224,9 +224,8 @@ def play(tmp_path_factory):
     assert os.geteuid() == 0, "the kube play test runs rootful podman: run it as root"
     assert shutil.which("podman"), "podman is not installed"
     for image in (ROUTER_IMAGE, SANDBOX_IMAGE):
-        assert podman("image", "exists", image, check=False) == "" and subprocess.run(
-            ["podman", "image", "exists", image], timeout=30, check=False
-        ).returncode == 0, f"{image} is missing: run `make build`"
+        exists = subprocess.run(["podman", "image", "exists", image], timeout=30, check=False)
+        assert exists.returncode == 0, f"{image} is missing: run `make build`"
     admin = router_has_issue_13()
 
     run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
