@@ -168,10 +168,11 @@ def rendered_gateway() -> tuple[Obj, Obj]:
 
 
 def play_manifest(
-    dep: Obj, cm: Obj, prefix: str, gateway_ip: str, resolver_ip: str, admin: bool
+    dep: Obj, cm: Obj, prefix: str, gateway_ip: str, resolver_ip: str, admin: bool, allowlist: str
 ) -> tuple[str, list[str]]:
     """The Deployment and ConfigMap as podman plays them here, and the flags stripped. The changes:
     - names: unique per run (pod, container and the ConfigMap's volume are named after them);
+    - the allowlist: the test's own `.test` names, so that nothing real is ever resolvable;
     - one replica (podman runs one pod per Deployment) and the local router image;
     - `$(GATEWAY_ADDRESS)` expanded as the kubelet would (podman does not), to the pod's static address,
       which stands in for the Service's cluster IP (there is no kube-proxy here);
@@ -183,6 +184,7 @@ def play_manifest(
     cm = json.loads(json.dumps(cm))
     cm_name = f"{prefix}-allowlist"
     cm["metadata"] = {"name": cm_name}
+    cm["data"] = {"allowed-hosts": allowlist}
     dep["metadata"] = {"name": prefix, "labels": dep["metadata"]["labels"]}
     dep["spec"]["replicas"] = 1
     spec = dep["spec"]["template"]["spec"]
@@ -271,7 +273,9 @@ def play(tmp_path_factory):
         start(names["probe"], "--dns", gateway_ip, SANDBOX_IMAGE, "sleep", "infinity")
 
         dep, cm = rendered_gateway()
-        text, stripped = play_manifest(dep, cm, prefix, gateway_ip, resolver_ip, admin)
+        text, stripped = play_manifest(
+            dep, cm, prefix, gateway_ip, resolver_ip, admin, "upstream.test\n"
+        )
         # The ConfigMap's content for this test: the test's own names only.
         volume = f"{prefix}-allowlist"
         podman("volume", "create", volume)
