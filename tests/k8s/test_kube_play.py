@@ -207,6 +207,27 @@ def play_manifest(
     return yaml.safe_dump_all([cm, dep], sort_keys=False), stripped
 
 
+def apply_pod_sysctls(pod: str, sysctls: list[Obj]) -> None:
+    """The pod's `securityContext.sysctls`, set in its network namespace if podman did not set them.
+    podman 4.3's kube play ignores them; the kubelet sets them before any container starts. Here the
+    router may have failed once to bind port 53 first: the pod's restart policy (Always) starts it again.
+    Writing /proc/sys in the pod's own namespace sends nothing anywhere."""
+    infra = podman("pod", "inspect", pod, "--format", "{{.InfraContainerID}}").strip()
+    pid = podman("inspect", "--type", "container", infra, "--format", "{{.State.Pid}}").strip()
+    for s in sysctls:
+        path = "/proc/sys/" + s["name"].replace(".", "/")
+        current = subprocess.run(
+            ["nsenter", "-t", pid, "-n", "cat", path], capture_output=True, text=True, timeout=30,
+            check=True,
+        ).stdout.strip()
+        if current != s["value"]:
+            print(f"podman did not set sysctl {s['name']}={s['value']} (is {current}): setting it")
+            subprocess.run(
+                ["nsenter", "-t", pid, "-n", "sh", "-c", f"echo {s['value']} > {path}"],
+                timeout=30, check=True,
+            )
+
+
 def poll(what: str, deadline: float, check) -> object:
     """Calls `check` until it returns something true, or fails after `deadline` seconds naming `what`
     and the last value seen."""
@@ -299,7 +320,15 @@ def play(tmp_path_factory):
         )
         if stripped:
             print(f"router image without issue 13: stripped {stripped} from the Deployment")
-        poll("the gateway answering DNS", READY_DEADLINE, lambda: p.dig("upstream.test")[0] == "NOERROR")
+        apply_pod_sysctls(pod, dep["spec"]["template"]["spec"]["securityContext"].get("sysctls") or [])
+        try:
+            poll("the gateway answering DNS", READY_DEADLINE,
+                 lambda: (p.dig("upstream.test")[0] == "NOERROR", p.dig("upstream.test")))
+        except AssertionError as e:
+            logs = podman("logs", "--tail", "40", p.container, check=False, timeout=30)
+            state = podman("ps", "-a", "--filter", f"pod={pod}", "--format",
+                           "{{.Names}} {{.Status}}", check=False, timeout=30)
+            raise AssertionError(f"{e}\ncontainers:\n{state}\nrouter log:\n{logs}") from None
         yield p
     finally:
         for c in reversed(created["containers"]):
