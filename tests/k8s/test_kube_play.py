@@ -15,6 +15,10 @@ gateway, the gateway to the test's upstream container, and the gateway resolves 
 names through a second router container of the test's own (`--resolver`), never through a real resolver.
 Nothing is sent from the host. Everything created carries the test's id and is removed, also on failure.
 
+podman 4.3 ignores the pod's `securityContext.sysctls` (the unprivileged-port sysctl the router needs to
+bind 53, 80 and 443 as UID 65532): the test sets it in the pod's network namespace itself, as the kubelet
+would, and the pod's restart policy starts the router again if it had already failed to bind.
+
 Needs root, podman (CONTAINERS_CONF=tests/containers.conf here), the router image (ROUTER_IMAGE,
 default localhost/agent-sandbox-router:dev) and the sandbox image (SANDBOX_IMAGE, default
 localhost/agent-sandbox:dev, for python3, dig and curl). `make k8s-test` sets AGENT_SANDBOX_K8S_PLAY=1;
