@@ -3,9 +3,10 @@
 //! swap), invalid files, and the listeners of `host:port` entries a reload adds or removes.
 //!
 //! Entries a reload adds listen on `0.0.0.0:PORT` inside R (the default), which touches nothing outside
-//! the namespace. A `--forward` mapping to `127.0.0.1:0` works for an entry present at start-up (and
-//! keeps its port across reloads), but a reload that removes that entry fails: the flags are re-read
-//! with the file and a `--forward` for an absent entry is a usage error.
+//! the namespace. A `--forward` mapping to `127.0.0.1:0` works for an entry present at start-up: the
+//! kernel picks the port once and a reload that keeps the entry keeps its listener. (`--forward` for an
+//! entry absent at start-up is a usage error, so a mapping cannot be given ahead for an entry a reload
+//! will add; a reload that removes a mapped entry closes its listener, with a warning.)
 
 mod gateway;
 mod lab;
@@ -112,6 +113,10 @@ fn sighup_adds_and_removes_names_and_relays_go_on() {
     assert_eq!(summary["fields"]["result"], "success");
     assert_eq!(summary["fields"]["entries_before"], 2);
     assert_eq!(summary["fields"]["entries_after"], 2);
+    assert_eq!(
+        summary["fields"]["message"], "reload succeeded: 2 -> 2 entries",
+        "one summary line, entries before -> after"
+    );
 
     assert_eq!(gw.query("new.test"), ANSWERED);
     let reply = gw.http_get("new.test");
@@ -373,6 +378,30 @@ fn reload_opens_and_closes_entry_listeners() {
     assert_eq!(gw.query("b.test"), NX);
     assert_eq!(gw.query("a.test"), ANSWERED);
     echo_through(&gw, fixed[0]);
+
+    // Removing the entry that has a `--forward` mapping: a warning, and its listener closes.
+    let reloads = gw.reloads();
+    replace_file(&f.list, "a.test\n");
+    gw.signal(libc::SIGHUP);
+    let summary = gw.wait_reload_where(reloads, |v| v["fields"]["closed"] == "fixed.test:7001");
+    assert_eq!(summary["fields"]["result"], "success", "{summary}");
+    assert!(
+        gw.messages()
+            .iter()
+            .any(|m| m.contains("--forward fixed.test:7001=127.0.0.1:0")
+                && m.contains("no entry fixed.test:7001")),
+        "{}",
+        gw.log()
+    );
+    let refused = (0..500).find_map(|_| match gw.connect(fixed[0]) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+        _ => {
+            std::thread::sleep(Duration::from_millis(10));
+            None
+        }
+    });
+    assert!(refused.is_some(), "the removed mapped entry's port still accepts");
+
     let failures = gw
         .metric(
             "agent_sandbox_router_config_reloads_total",
