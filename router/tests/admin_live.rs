@@ -62,7 +62,10 @@ fn metrics_carry_every_family() {
     let Some(f) = fixture() else { return };
     let gw = &f.gw;
     // Some traffic, so the counters are not all zero.
-    assert_eq!(gw.query("a.test").0, hickory_proto::op::ResponseCode::NoError);
+    assert_eq!(
+        gw.query("a.test").0,
+        hickory_proto::op::ResponseCode::NoError
+    );
     assert_eq!(
         gw.query("other.test").0,
         hickory_proto::op::ResponseCode::NXDomain
@@ -91,12 +94,17 @@ fn metrics_carry_every_family() {
         && matches!(s.value, prometheus_parse::Value::Histogram(_))));
     for suffix in ["_bucket{le=\"+Inf\"}", "_sum", "_count"] {
         assert!(
-            body.contains(&format!("agent_sandbox_router_upstream_connect_seconds{suffix} ")),
+            body.contains(&format!(
+                "agent_sandbox_router_upstream_connect_seconds{suffix} "
+            )),
             "{suffix}"
         );
     }
     let value = |name: &str, labels: &[(&str, &str)]| gateway::sample(&body, name, labels);
-    assert_eq!(value("agent_sandbox_router_allowlist_entries", &[]), Some(3.0));
+    assert_eq!(
+        value("agent_sandbox_router_allowlist_entries", &[]),
+        Some(3.0)
+    );
     assert_eq!(
         value(
             "agent_sandbox_router_build_info",

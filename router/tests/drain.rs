@@ -106,16 +106,20 @@ fn drain_lets_the_relay_finish_then_exits_0() {
     wait_refused(&f.gw, http, "HTTP");
     wait_refused(&f.gw, https, "TLS");
     assert_eq!(f.gw.admin("GET", "/livez").0, 200, "alive while draining");
+    assert_eq!(
+        f.gw.query("slow.test"),
+        (hickory_proto::op::ResponseCode::NoError, 1),
+        "DNS answers through a drain"
+    );
     assert!(f.gw.wait_exit(Duration::ZERO).is_none());
     f.slow.release();
     gateway::read_second_half(&mut f.relay);
     // The client closes its end, as a client does once its response is complete: until then the
     // router holds the connection open and the drain waits for it.
     f.relay.shutdown(std::net::Shutdown::Both).unwrap();
-    let status = f
-        .gw
-        .wait_exit(DRAIN)
-        .expect("the router exits once the relay has ended");
+    let status =
+        f.gw.wait_exit(DRAIN)
+            .expect("the router exits once the relay has ended");
     let took = term.elapsed();
     println!("exited {took:?} after SIGTERM, the relay having ended");
     assert!(status.success(), "{status}");
@@ -131,10 +135,9 @@ fn drain_ends_at_the_deadline() {
     let term = Instant::now();
     f.gw.signal(libc::SIGTERM);
     wait_not_ready(&f.gw);
-    let status = f
-        .gw
-        .wait_exit(DRAIN + Duration::from_secs(2))
-        .expect("the router exits at the drain deadline");
+    let status =
+        f.gw.wait_exit(DRAIN + Duration::from_secs(2))
+            .expect("the router exits at the drain deadline");
     let took = term.elapsed();
     println!("exited {took:?} after SIGTERM with the relay still open");
     assert!(status.success(), "{status}");
@@ -153,10 +156,9 @@ fn a_second_sigterm_exits_at_once() {
     wait_not_ready(&f.gw);
     let second = Instant::now();
     f.gw.signal(libc::SIGTERM);
-    let status = f
-        .gw
-        .wait_exit(Duration::from_secs(1))
-        .expect("a second SIGTERM exits within a second");
+    let status =
+        f.gw.wait_exit(Duration::from_secs(1))
+            .expect("a second SIGTERM exits within a second");
     println!("exited {:?} after the second SIGTERM", second.elapsed());
     assert!(status.success(), "{status}");
 }
@@ -166,10 +168,9 @@ fn drain_seconds_0_exits_at_once() {
     let Some(mut f) = fixture("0") else { return };
     let term = Instant::now();
     f.gw.signal(libc::SIGTERM);
-    let status = f
-        .gw
-        .wait_exit(Duration::from_secs(1))
-        .expect("SIGTERM with no drain exits within a second");
+    let status =
+        f.gw.wait_exit(Duration::from_secs(1))
+            .expect("SIGTERM with no drain exits within a second");
     println!(
         "exited {:?} after SIGTERM with a relay open",
         term.elapsed()

@@ -239,7 +239,9 @@ fn invalid_file_keeps_the_old_policy() {
         );
     }
     assert!(
-        errors.iter().all(|e| !e.contains(":3:") && !e.contains(":1:")),
+        errors
+            .iter()
+            .all(|e| !e.contains(":3:") && !e.contains(":1:")),
         "{errors:#?}"
     );
     assert_eq!(gw.query("a.test"), ANSWERED);
@@ -341,13 +343,11 @@ fn reload_opens_and_closes_entry_listeners() {
     let summary = gw.wait_reload_where(reloads, |v| v["fields"]["closed"] == "db.test:7002");
     assert_eq!(summary["fields"]["result"], "success", "{summary}");
     assert_eq!(summary["fields"]["entries_after"], 2);
-    let refused = (0..500).find_map(|_| {
-        match gw.connect("127.0.0.1:7002".parse().unwrap()) {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
-            _ => {
-                std::thread::sleep(Duration::from_millis(10));
-                None
-            }
+    let refused = (0..500).find_map(|_| match gw.connect("127.0.0.1:7002".parse().unwrap()) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+        _ => {
+            std::thread::sleep(Duration::from_millis(10));
+            None
         }
     });
     assert!(refused.is_some(), "the removed entry's port still accepts");
@@ -358,10 +358,7 @@ fn reload_opens_and_closes_entry_listeners() {
     // A port held by the test: the whole reload fails, the new name is not answered either.
     let _held: TcpListener = gw.in_r(|| TcpListener::bind("0.0.0.0:7003").unwrap());
     let reloads = gw.reloads();
-    replace_file(
-        &f.list,
-        "a.test\nfixed.test:7001\nb.test\nheld.test:7003\n",
-    );
+    replace_file(&f.list, "a.test\nfixed.test:7001\nb.test\nheld.test:7003\n");
     gw.signal(libc::SIGHUP);
     let summary = gw.wait_reload_where(reloads, |v| v["fields"]["result"] == "failure");
     assert_eq!(summary["fields"]["entries_before"], 2, "{summary}");
@@ -400,7 +397,10 @@ fn reload_opens_and_closes_entry_listeners() {
             None
         }
     });
-    assert!(refused.is_some(), "the removed mapped entry's port still accepts");
+    assert!(
+        refused.is_some(),
+        "the removed mapped entry's port still accepts"
+    );
 
     let failures = gw
         .metric(
@@ -409,4 +409,40 @@ fn reload_opens_and_closes_entry_listeners() {
         )
         .unwrap();
     assert!(failures >= 1.0, "failures counted: {failures}");
+}
+
+/// A change only a restart can make (here the connect timeout, from `--config`) fails the reload and
+/// says so; the policy in the same change is not applied either. `--config` is watched like the
+/// allowlist.
+#[test]
+fn restart_only_changes_fail_the_reload() {
+    let Some(f) = Fixture::new("a.test\n") else {
+        return;
+    };
+    let config = f.dir.0.join("router.toml");
+    let toml = |secs: u32| {
+        format!("connect_timeout_secs = {secs}\n[listen]\n[answers]\ndefault = \"127.0.0.2\"\n")
+    };
+    std::fs::write(&config, toml(5)).unwrap();
+    let gw = f.start(&["--config", config.to_str().unwrap()]);
+    assert_eq!(gw.query("a.test"), ANSWERED);
+    // Both files change; the config watch and the allowlist watch may each reload.
+    std::fs::write(&f.list, "a.test\nb.test\n").unwrap();
+    replace_file(&config, &toml(6));
+    let summary = gw.wait_reload_where(0, |v| v["fields"]["result"] == "failure");
+    assert_eq!(summary["fields"]["entries_after"], 1, "{summary}");
+    assert!(
+        gw.events("reload error")
+            .iter()
+            .any(|e| e["fields"]["error"]
+                .as_str()
+                .is_some_and(|t| t.contains("timeouts or the connection cap changed")
+                    && t.contains("restart"))),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(gw.query("b.test"), NX, "nothing half-applied");
+    // Back to the running timeout: the allowlist change applies.
+    replace_file(&config, &toml(5));
+    assert!(gw.wait_answered("b.test") < WATCH_BOUND);
 }

@@ -259,7 +259,9 @@ impl Gateway {
 
     /// `GET /` with `Host: host` on the HTTP listener; the whole reply (the request asks for a close).
     pub fn http_get(&self, host: &str) -> String {
-        let mut s = self.connect(self.http).expect("connect to the HTTP listener");
+        let mut s = self
+            .connect(self.http)
+            .expect("connect to the HTTP listener");
         s.write_all(
             format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
         )
@@ -269,7 +271,9 @@ impl Gateway {
 
     /// `METHOD path` on the admin endpoint: the status and the body.
     pub fn admin(&self, method: &str, path: &str) -> (u16, String) {
-        let mut s = self.connect(self.admin).expect("connect to the admin endpoint");
+        let mut s = self
+            .connect(self.admin)
+            .expect("connect to the admin endpoint");
         s.write_all(
             format!("{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
                 .as_bytes(),
