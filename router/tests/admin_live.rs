@@ -11,11 +11,12 @@ use std::net::Ipv4Addr;
 use gateway::{Gateway, TempDir};
 use lab::{Dns, DnsBehaviour, Lab};
 
+/// Fields drop in order: the router goes before its namespace and files.
 struct Fixture {
+    gw: Gateway,
     lab: Lab,
     dns: Dns,
     _dir: TempDir,
-    gw: Gateway,
 }
 
 fn fixture() -> Option<Fixture> {
@@ -34,10 +35,10 @@ fn fixture() -> Option<Fixture> {
         &["--forward", "db.test:5432=127.0.0.1:0"],
     );
     Some(Fixture {
+        gw,
         lab,
         dns,
         _dir: dir,
-        gw,
     })
 }
 

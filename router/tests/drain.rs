@@ -16,15 +16,16 @@ use lab::{Dns, DnsBehaviour, Lab, Upstream};
 /// The drain time the tests run with.
 const DRAIN: Duration = Duration::from_secs(3);
 
-/// A router with a relay to a [`SlowBody`] upstream held open (first half read).
+/// A router with a relay to a [`SlowBody`] upstream held open (first half read). Fields drop in order:
+/// the client and the router go before the upstream, the namespaces and the files.
 struct Fixture {
-    _lab: Lab,
-    _dns: Dns,
-    _dir: TempDir,
-    _upstream: Upstream,
-    slow: SlowBody,
-    gw: Gateway,
     relay: TcpStream,
+    gw: Gateway,
+    slow: SlowBody,
+    _upstream: Upstream,
+    _dir: TempDir,
+    _dns: Dns,
+    _lab: Lab,
 }
 
 fn fixture(drain_seconds: &str) -> Option<Fixture> {
@@ -50,13 +51,13 @@ fn fixture(drain_seconds: &str) -> Option<Fixture> {
         .unwrap();
     gateway::read_first_half(&mut relay);
     Some(Fixture {
-        _lab: lab,
-        _dns: dns,
-        _dir: dir,
-        _upstream: upstream,
-        slow,
-        gw,
         relay,
+        gw,
+        slow,
+        _upstream: upstream,
+        _dir: dir,
+        _dns: dns,
+        _lab: lab,
     })
 }
 
