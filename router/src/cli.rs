@@ -178,8 +178,20 @@ pub struct Built {
 }
 
 impl Cli {
-    /// Merges `--config` and the flags (flags win) into one configuration.
+    /// Merges `--config` and the flags (flags win) into one configuration. A `--forward` for an entry
+    /// the allowlist does not have is a usage error (most likely a typo).
     pub fn build_config(&self) -> Result<Built, BuildError> {
+        self.build(true)
+    }
+
+    /// As [`Cli::build_config`], for a live reload: a `--forward` whose entry the new allowlist no
+    /// longer has is a warning, not an error, so that removing the entry is a reload like any other
+    /// (the flags cannot change without a restart); the mapping applies again if the entry comes back.
+    pub fn build_config_for_reload(&self) -> Result<Built, BuildError> {
+        self.build(false)
+    }
+
+    fn build(&self, strict: bool) -> Result<Built, BuildError> {
         let mut warnings = Vec::new();
         let mut config = match &self.config {
             Some(path) => RouterConfig::load(path)?,
@@ -249,9 +261,18 @@ impl Cli {
             let slot = config
                 .forwards
                 .iter_mut()
-                .find(|c| c.host == f.host.as_str() && c.port == f.port)
-                .ok_or_else(|| UsageError::UnknownForward(f.host.clone(), f.port))?;
-            slot.listen = f.listen;
+                .find(|c| c.host == f.host.as_str() && c.port == f.port);
+            match slot {
+                Some(slot) => slot.listen = f.listen,
+                None if strict => {
+                    return Err(UsageError::UnknownForward(f.host.clone(), f.port).into())
+                }
+                None => warnings.push(format!(
+                    "--forward {}:{}={}: the allowlist has no entry {0}:{1} now; the mapping applies \
+                     again if the entry comes back",
+                    f.host, f.port, f.listen
+                )),
+            }
         }
         if let Some(t) = self.peek_timeout {
             config.peek_timeout_secs = t;
@@ -317,6 +338,43 @@ mod tests {
             cli(&["--allowlist", "/nonexistent"]).build_config(),
             Err(BuildError::Usage(UsageError::NoAnswer))
         ));
+    }
+
+    /// A `--forward` for an entry the allowlist lacks: refused at start-up, a warning on reload.
+    #[test]
+    fn forward_for_an_absent_entry_is_an_error_at_start_and_a_warning_on_reload() {
+        let dir = std::env::temp_dir().join(format!("router-cli-fwd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let list = dir.join("allowed-hosts");
+        std::fs::write(&list, "a.test\n").unwrap();
+        let c = cli(&[
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "10.0.0.1",
+            "--forward",
+            "db.test:5432=127.0.0.1:15432",
+        ]);
+        assert!(matches!(
+            c.build_config(),
+            Err(BuildError::Usage(UsageError::UnknownForward(..)))
+        ));
+        let built = c.build_config_for_reload().unwrap();
+        assert!(built.config.forwards.is_empty());
+        assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+        assert!(
+            built.warnings[0].contains("no entry db.test:5432"),
+            "{:?}",
+            built.warnings
+        );
+        std::fs::write(&list, "a.test\ndb.test:5432\n").unwrap();
+        let built = c.build_config_for_reload().unwrap();
+        assert_eq!(
+            built.config.forwards[0].listen,
+            "127.0.0.1:15432".parse().unwrap()
+        );
+        assert!(built.warnings.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The refusal texts name the `--allowlist` file; with only `--config` they name what the file says.

@@ -77,7 +77,7 @@ fn control(cli: &Cli) -> anyhow::Result<Control> {
     };
     let again = cli.clone();
     let reload: agent_sandbox_router::reload::Source = Box::new(move || {
-        let built = again.build_config()?;
+        let built = again.build_config_for_reload()?;
         for w in &built.warnings {
             warn!("allowlist: {w}");
         }
