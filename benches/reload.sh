@@ -128,7 +128,8 @@ sighups=0
 for gen in $(seq 1 "$secs"); do
     sleep 1
     write_allowlist "$gen"
-    kill -HUP "$router_pid"
+    kill -HUP "$router_pid" 2>/dev/null ||
+        { echo "reload bench FAILED: the router exited during the run"; tail -n 30 "$work/router.log"; exit 1; } >&2
     sighups=$((sighups + 1))
 done
 dns_status=0
