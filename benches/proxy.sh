@@ -180,6 +180,13 @@ pids_rss() { # sum VmRSS (KiB) of the given pids
 }
 nginx_pids() { pgrep -f "nginx.*$work/nginx-px.conf" ; pgrep -P "$(cat "$work/nginx-px.pid")"; }
 
+# The proxy's own CPU (user + system) per new connection over one run, in microseconds: less sensitive to
+# the load generator sharing the cores than the rate itself.
+cpu_per_conn() { # ticks_before ticks_after rate
+    awk -v t="$(($2 - $1))" -v hz="$(getconf CLK_TCK)" -v r="$3" -v s="$secs" \
+        'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }'
+}
+
 # Each measure runs ROUNDS times (default 3), the contenders in a rotating order, and the median is
 # reported: one contender never always goes first (cold caches) or last (a warm machine), and a noisy
 # second on the shared cores moves one sample, not the result.
@@ -206,19 +213,18 @@ for round in $(seq "$rounds"); do
         rate=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
         cpu_after=$(cpu_ticks "${proxy_pids[@]}")
         add "$who,https_new" "$rate"
-        # The proxy's own CPU (user + system) per new connection, in microseconds: less sensitive to the
-        # load generator sharing the cores than the rate itself.
-        if [ "$who" != direct ]; then
-            add "$who,https_new_cpu" "$(awk -v t="$((cpu_after - cpu_before))" -v hz="$(getconf CLK_TCK)" \
-                -v r="$rate" -v s="$secs" 'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }')"
-        fi
+        [ "$who" = direct ] || add "$who,https_new_cpu" "$(cpu_per_conn "$cpu_before" "$cpu_after" "$rate")"
         perf_pid=
         if [ -n "${PROFILE:-}" ] && [ "$who" = router ] && [ "$round" = 1 ]; then
             # PROFILE=FILE: a perf profile of the router during its first new-HTTP-connections run.
             perf record -F 999 -g -p "$router_pid" -o "$PROFILE" -- sleep "$secs" >/dev/null 2>&1 &
             perf_pid=$!
         fi
-        add "$who,http_new" "$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)"
+        cpu_before=$(cpu_ticks "${proxy_pids[@]}")
+        rate=$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+        cpu_after=$(cpu_ticks "${proxy_pids[@]}")
+        add "$who,http_new" "$rate"
+        [ "$who" = direct ] || add "$who,http_new_cpu" "$(cpu_per_conn "$cpu_before" "$cpu_after" "$rate")"
         [ -z "$perf_pid" ] || wait "$perf_pid" || true
         bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
         add "$who,bulk" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
@@ -285,12 +291,18 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
         r=${result[router,$m]} n=${result[nginx,$m]} d=${result[direct,$m]}
         echo "| $label | $r | $n | $d | $(ratio "$r" "$n") | $(ratio "$r" "$d") |"
     done
-    r=${result[router,https_new_cpu]:--} n=${result[nginx,https_new_cpu]:--}
-    echo "| proxy CPU per new HTTPS connection, µs (lower is better) | $r | $n | - | $(ratio "$r" "$n") | - |"
+    for m in https_new_cpu http_new_cpu; do
+        case $m in
+            https_new_cpu) label="proxy CPU per new HTTPS connection, µs (lower is better)" ;;
+            http_new_cpu) label="proxy CPU per new HTTP connection, µs (lower is better)" ;;
+        esac
+        r=${result[router,$m]:--} n=${result[nginx,$m]:--}
+        echo "| $label | $r | $n | - | $(ratio "$r" "$n") | - |"
+    done
     echo
     echo "Medians of $rounds rounds of ${secs} s, the contenders in rotating order. Samples (router / nginx / direct):"
     echo
-    for m in https_keepalive https_new http_new bulk https_new_cpu; do
+    for m in https_keepalive https_new http_new bulk https_new_cpu http_new_cpu; do
         r=${samples[router,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
         echo "- $m: ${r% } / ${n% } / ${d% }"
     done
