@@ -20,13 +20,24 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench packaging-test
+	rpm release-images patch minor major pre-commit bench packaging-test \
+	setup setup-test install quickstart-test setup-lists-test
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
+setup: ## (root or sudo) install what the launcher and the build need (apt or dnf), subuid range for SUDO_USER
+	packaging/setup.sh
+
+setup-test: ## (root or sudo) make setup, plus what only the tests need (dnsmasq, debootstrap, shellcheck, rpm, ...)
+	packaging/setup.sh --test
+
+install: ## copy the launcher built by make build to ~/.local/bin (as root: /usr/local/bin)
+	packaging/install.sh
+
 build: ## build the release binaries and both images (agent-sandbox --build-images)
 	$(CARGO) build --release --workspace --locked
+	packaging/rootless-images.sh target/release/agent-sandbox
 	target/release/agent-sandbox --build-images $(if $(SANDBOX_BASE),--base-image $(SANDBOX_BASE))
 
 test: ## everything the project tests
@@ -34,6 +45,7 @@ test: ## everything the project tests
 	$(MAKE) --no-print-directory image-test
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory packaging-test
+	$(MAKE) --no-print-directory setup-lists-test
 
 lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented
 	$(CARGO) fmt --all -- --check
@@ -67,6 +79,12 @@ rpm: ## dist/agent-sandbox-VERSION-RELEASE.x86_64.rpm (the launcher pins the $(R
 
 packaging-test: ## build the RPM, check and install it into a scratch root; version bumps in a clone
 	tests/packaging.sh
+
+setup-lists-test: ## the setup package lists: syntax, and dnf names against tests/data/fedora-packages.txt
+	tests/setup/lists.sh
+
+quickstart-test: ## make setup and setup-test twice in a fresh Debian container (root; needs make base-image)
+	tests/setup/quickstart.sh
 
 release-images: ## build both images tagged for REGISTRY at VERSION (pushing is the pipeline's job)
 	$(CARGO) build --release --locked -p agent-sandbox
