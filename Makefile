@@ -26,13 +26,13 @@ REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
-setup: ## (root or sudo) install what the launcher and the build need (apt or dnf), subuid range for SUDO_USER
+setup: ## (sudo) podman and the build tools (apt/dnf), your subuid/subgid range; checks for Rust
 	packaging/setup.sh
 
-setup-test: ## (root or sudo) make setup, plus what only the tests need (dnsmasq, debootstrap, shellcheck, rpm, ...)
+setup-test: ## (sudo) make setup + the tests' tools (dnsmasq, debootstrap, shellcheck, rpm, ...)
 	packaging/setup.sh --test
 
-install: ## copy the launcher built by make build to ~/.local/bin (as root: /usr/local/bin)
+install: ## the launcher from make build into ~/.local/bin (as root: /usr/local/bin)
 	packaging/install.sh
 
 build: ## build the release binaries and both images (agent-sandbox --build-images)

@@ -150,7 +150,9 @@ else
         for f in "${need[@]}"; do
             has_range "/etc/$f" || die "usermod did not add $user to /etc/$f"
         done
-        changed "gave $user the range $start-$end ($count ids) in /etc/${need[*]}"
+        files=/etc/${need[0]}
+        [ "${#need[@]}" -eq 1 ] || files="/etc/subuid and /etc/subgid"
+        changed "gave $user the range $start-$end ($count ids) in $files"
     fi
 fi
 
@@ -207,7 +209,7 @@ fi
 if [ "$changes" -eq 0 ]; then
     summary="setup: done, changed nothing"
 else
-    summary="setup: done, $changes changes (the changed: lines above)"
+    summary="setup: done, $changes change$([ "$changes" = 1 ] || echo s) (the changed: lines above)"
 fi
 if $rust_ok; then
     echo "$summary"

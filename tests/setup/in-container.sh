@@ -20,13 +20,17 @@ ok() {
 }
 
 # Runs setup (the arguments: a command line) as the user alice through sudo would: SUDO_USER set. Leaves
-# the output in $out and the exit status in $status, and shows the output.
+# the output in $out and the exit status in $status, and shows setup's own lines (apt's too on failure).
 run_setup() {
     set +e
     out=$(env SUDO_USER=alice "$@" 2>&1)
     status=$?
     set -e
-    printf '%s\n' "$out" | sed 's/^/    | /'
+    if [ "$status" = 1 ]; then
+        printf '%s\n' "$out" | tail -n 40 | sed 's/^/    | /'
+    else
+        printf '%s\n' "$out" | grep '^setup: ' | sed 's/^/    | /'
+    fi
 }
 last_line() { printf '%s\n' "$out" | tail -n 1; }
 

@@ -15,8 +15,11 @@ if ! podman image exists "$image"; then
     exit 1
 fi
 name=agent-sandbox-quickstart-$$
-trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true' EXIT
-# The source tree read-only: setup must not need to write into it.
-podman run -d --name "$name" --label agent-sandbox.test=quickstart -v "$PWD:/src:ro" -w /src \
+copy=$(mktemp -d)
+trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true; rm -rf "$copy"' EXIT
+# What `make setup` needs from the tree, copied (edits during a run cannot reach it) and mounted read-only
+# (setup must not write into the tree).
+tar -c Makefile Cargo.toml packaging tests/setup | tar -x -C "$copy"
+podman run -d --name "$name" --label agent-sandbox.test=quickstart -v "$copy:/src:ro" -w /src \
     "$image" sleep infinity >/dev/null
 podman exec -w /src "$name" bash /src/tests/setup/in-container.sh
