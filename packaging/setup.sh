@@ -134,7 +134,7 @@ else
         count=65536
         start=$(cat /etc/subuid /etc/subgid 2>/dev/null | awk -F: -v c="$count" '
             NF >= 3 && $2 ~ /^[0-9]+$/ && $3 ~ /^[0-9]+$/ && $2 + $3 > end { end = $2 + $3 }
-            END { if (end < 100000) end = 100000; printf "%d\n", int((end + c - 1) / c) * c }')
+            END { if (end < 100000) end = 100000; printf "%.0f\n", int((end + c - 1) / c) * c }')
         end=$((start + count - 1))
         [ "$end" -le 4294967294 ] || die "no free subordinate id range left above $start"
         flags=()
