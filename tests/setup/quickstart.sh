@@ -19,6 +19,7 @@ copy=$(mktemp -d)
 trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true; rm -rf "$copy"' EXIT
 # What `make setup` needs from the tree, copied (edits during a run cannot reach it) and mounted read-only
 # (setup must not write into the tree).
+chmod 0755 "$copy"
 tar -c Makefile Cargo.toml packaging tests/setup | tar -x -C "$copy"
 podman run -d --name "$name" --label agent-sandbox.test=quickstart -v "$copy:/src:ro" -w /src \
     "$image" sleep infinity >/dev/null
