@@ -46,6 +46,7 @@ test: ## everything the project tests
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory packaging-test
 	$(MAKE) --no-print-directory setup-lists-test
+	$(MAKE) --no-print-directory quickstart-test
 
 lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented
 	$(CARGO) fmt --all -- --check
