@@ -20,7 +20,8 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench packaging-test fuzz k8s-tools k8s-check k8s-test
+	rpm release-images patch minor major pre-commit bench packaging-test fuzz k8s-tools k8s-check k8s-test \
+	setup setup-test install quickstart-test setup-lists-test
 
 # The Kubernetes checks' tools (kubernetes-validate, kubectl for kustomize, pytest), pinned in
 # tests/k8s/requirements.txt, in a venv of their own (Debian's system Python refuses pip installs).
@@ -30,8 +31,18 @@ K8S_PYTEST := $(K8S_VENV)/bin/pytest -p no:cacheprovider -rs tests/k8s
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
 
+setup: ## (sudo) podman and the build tools (apt/dnf), your subuid/subgid range; checks for Rust
+	packaging/setup.sh
+
+setup-test: ## (sudo) make setup + the tests' tools (dnsmasq, debootstrap, shellcheck, rpm, ...)
+	packaging/setup.sh --test
+
+install: ## the launcher from make build into ~/.local/bin (as root: /usr/local/bin)
+	packaging/install.sh
+
 build: ## build the release binaries and both images (agent-sandbox --build-images)
 	$(CARGO) build --release --workspace --exclude agent-sandbox-testkit --locked
+	packaging/rootless-images.sh target/release/agent-sandbox
 	target/release/agent-sandbox --build-images $(if $(SANDBOX_BASE),--base-image $(SANDBOX_BASE))
 
 test: ## everything the project tests
@@ -40,6 +51,8 @@ test: ## everything the project tests
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory packaging-test
 	$(MAKE) --no-print-directory k8s-test
+	$(MAKE) --no-print-directory setup-lists-test
+	$(MAKE) --no-print-directory quickstart-test
 
 lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented
 	$(CARGO) fmt --all -- --check
@@ -95,6 +108,12 @@ k8s-test: k8s-check ## k8s-check, then the gateway Deployment run with podman ku
 
 packaging-test: ## build the RPM, check and install it into a scratch root; version bumps in a clone
 	tests/packaging.sh
+
+setup-lists-test: ## the setup package lists: syntax, and dnf names against tests/data/fedora-packages.txt
+	tests/setup/lists.sh
+
+quickstart-test: ## make setup and setup-test twice in a fresh Debian container (root; needs make base-image)
+	tests/setup/quickstart.sh
 
 release-images: ## build both images tagged for REGISTRY at VERSION (pushing is the pipeline's job)
 	$(CARGO) build --release --locked -p agent-sandbox

@@ -21,9 +21,17 @@ command -v debootstrap >/dev/null || {
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 echo "make-base.sh: debootstrap bookworm into $dir (about a minute)"
-debootstrap --variant=minbase bookworm "$dir/root" http://deb.debian.org/debian >"$dir/log" 2>&1 || {
+# Progress instead of silence: debootstrap's stage lines, and every 20th package of the per-package ones
+# (retrieving, validating, extracting, unpacking, configuring); the whole log is shown on failure.
+debootstrap --variant=minbase bookworm "$dir/root" http://deb.debian.org/debian 2>&1 | tee "$dir/log" |
+    awk '(NF == 4 && $2 ~ /^(Retrieving|Validating|Extracting)$/) ||
+         (NF == 3 && $2 ~ /^(Unpacking|Configuring)$/ && $3 ~ /\.\.\.$/) {
+            sub(/\.\.\.$/, "", $3); n[$2]++; if (n[$2] % 20 != 1) next
+            printf "make-base.sh:   %s %s (package %d)\n", tolower($2), $3, n[$2]; fflush(); next }
+         /^I: / { print "make-base.sh: " substr($0, 4); fflush() }' || {
     tail -20 "$dir/log" >&2
     exit 1
 }
+echo "make-base.sh: importing it as $image"
 tar -C "$dir/root" -c . | podman import --quiet - "$image" >/dev/null
 echo "make-base.sh: built $image"
