@@ -11,7 +11,6 @@
 pub mod cli;
 pub mod coalesce;
 pub mod dns;
-#[allow(dead_code)] // TEMPORARY: wired into the listeners with the shared accept loop (issue 13)
 mod dns_tcp;
 mod dns_udp;
 pub mod fairness;
@@ -29,20 +28,17 @@ use agent_sandbox_shared::logs::LISTENING_ON;
 use agent_sandbox_shared::{HostName, ValidConfig};
 use anyhow::Context as _;
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::dns::DnsStats;
+use crate::fairness::Bounds;
 use crate::live::{Live, LiveRules};
 
 /// How long in-flight work may take to finish after shutdown is requested. SIGTERM must exit within a
 /// second, so this stays well under it.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(400);
-
-/// Response buffer per DNS-over-TCP connection.
-const DNS_TCP_BUFFER: usize = 64;
 
 /// Every socket the router serves, bound before anything is served.
 #[derive(Debug)]
@@ -240,15 +236,16 @@ fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::Tcp
     Ok(socket.into())
 }
 
-/// What every worker shares: the rules, the DNS counters and the connection cap.
+/// What every worker shares: the rules, the DNS counters and the connection caps.
 #[derive(Clone, Debug)]
 struct Shared {
     /// The policy and answers; one snapshot per DNS query and per new connection.
     rules: LiveRules,
     /// DNS counters over all workers.
     stats: Arc<DnsStats>,
-    /// The cap on connections handled at once, over all workers and listeners.
-    limit: Arc<Semaphore>,
+    /// The connection caps (global and per client), the wildcard budget, the resolver cache, and
+    /// their counters.
+    bounds: Bounds,
 }
 
 /// One worker: serves its listeners until `shutdown` is cancelled, then stops within
@@ -263,11 +260,12 @@ async fn run_worker(
 ) -> anyhow::Result<()> {
     // Everything that can fail is set up before anything is served.
     let proxy = Arc::new(
-        proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.limit)
+        proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.bounds)
             .context("cannot set up the proxy")?,
     );
     ready();
     let mut tasks = JoinSet::new();
+    tasks.spawn(coalesce::flush_task(shutdown.child_token()));
 
     let handler = Arc::new(dns::DnsHandler::new(shared.rules, shared.stats));
     for udp in listeners.dns_udp {
@@ -277,11 +275,12 @@ async fn run_worker(
             shutdown.child_token(),
         ));
     }
-    let mut dns_server = None;
     if let Some(tcp) = listeners.dns_tcp {
-        let mut server = hickory_server::Server::new(dns::SharedHandler(Arc::clone(&handler)));
-        server.register_listener(tcp, config.limits.peek_timeout, DNS_TCP_BUFFER);
-        dns_server = Some(server);
+        tasks.spawn(Arc::clone(&proxy).serve_dns_tcp(
+            tcp,
+            Arc::clone(&handler),
+            shutdown.child_token(),
+        ));
     }
 
     if let Some(l) = listeners.https {
@@ -296,17 +295,12 @@ async fn run_worker(
 
     shutdown.cancelled().await;
     info!("shutting down");
-    let drain = async {
-        if let Some(server) = dns_server.as_mut() {
-            if let Err(error) = server.shutdown_gracefully().await {
-                warn!(%error, "DNS server did not stop cleanly");
-            }
-        }
-        while tasks.join_next().await.is_some() {}
-    };
+    let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
         warn!("in-flight work did not finish in time; dropping it");
     }
+    // Refusals logged during the grace period: their repeats are counted too.
+    coalesce::flush(true);
     Ok(())
 }
 
@@ -330,9 +324,10 @@ pub fn run(
     let shared = Shared {
         rules: Live::new(config.rules.clone()),
         stats: Arc::new(DnsStats::default()),
-        limit: Arc::new(Semaphore::new(config.limits.max_connections.get())),
+        bounds: Bounds::new(&config.limits),
     };
     let stats = Arc::clone(&shared.stats);
+    let counters = Arc::clone(&shared.bounds.counters);
     let mut sets = sets.into_iter();
     let first = sets.next().context("no worker sockets were bound")?;
     // Each other worker reports here once it is set up; a worker that fails (or panics) first drops its
@@ -412,6 +407,12 @@ pub fn run(
     }
     let (answered, refused, rejected) = stats.totals();
     info!(answered, refused, rejected, "DNS queries served");
+    let (client_cap, wildcard_refused, wildcard_lookups, idle_closed, retry_refused) =
+        counters.totals();
+    info!(
+        client_cap,
+        wildcard_refused, wildcard_lookups, idle_closed, retry_refused, "fairness bounds"
+    );
     if outcome.is_ok() && not_ready.load(Ordering::Relaxed) {
         outcome = Err(anyhow::anyhow!(
             "a worker did not finish setting up within {} s",
@@ -505,10 +506,13 @@ pub fn describe(config: &ValidConfig) -> String {
     let limits = &config.limits;
     let _ = writeln!(
         out,
-        "limits: peek timeout {}s, connect timeout {}s, {} connections",
+        "limits: peek timeout {}s, connect timeout {}s, {} connections ({} per client), idle timeout {}s, {} wildcard lookups per client per minute",
         limits.peek_timeout.as_secs(),
         limits.connect_timeout.as_secs(),
-        limits.max_connections
+        limits.max_connections,
+        limits.max_connections_per_client,
+        limits.idle_timeout.as_secs(),
+        limits.wildcard_lookups_per_minute
     );
     out
 }

@@ -37,7 +37,8 @@ impl Proxy {
         let Ok(upstream) = self.dial(&host, port, &log).await else {
             return;
         };
-        if let Err(error) = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down).await {
+        let relaying = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down);
+        if let Some(Err(error)) = self.until_idle(&log, relaying).await {
             debug!(%error, "relay ended with an error");
         }
     }

@@ -48,13 +48,13 @@ impl Proxy {
                 return;
             }
         };
-        HttpRelay {
+        // The idle timeout covers the relay and a kept-alive connection waiting for its next request.
+        let relaying = HttpRelay {
             conn: &conn,
             upstream: &upstream,
             name,
-        }
-        .run(buf, head)
-        .await;
+        };
+        self.until_idle(&conn.log, relaying.run(buf, head)).await;
     }
 }
 
