@@ -174,18 +174,30 @@ pub fn refused(kind: Kind, client: SocketAddr, name: &str, reason: &str, qtype: 
     };
     let emit = REFUSALS.with(|c| c.borrow_mut().record(key, Instant::now()));
     if let Some(Emit { key, count }) = emit {
-        match qtype {
-            Some(qtype) => info!(
-                { logs::KIND } = key.kind.as_str(), { logs::NAME } = %key.name,
-                { logs::REASON } = %key.reason, { logs::CLIENT } = %client,
-                qtype, { logs::COUNT } = count, "{}", logs::REFUSED
-            ),
-            None => info!(
-                { logs::KIND } = key.kind.as_str(), { logs::NAME } = %key.name,
-                { logs::REASON } = %key.reason, { logs::CLIENT } = %client,
-                { logs::COUNT } = count, "{}", logs::REFUSED
-            ),
-        }
+        log_refusal(key.kind, client, &key.name, &key.reason, qtype, count);
+    }
+}
+
+/// Writes one `refused` line standing for `count` refusals, without coalescing.
+pub fn log_refusal(
+    kind: Kind,
+    client: SocketAddr,
+    name: &str,
+    reason: &str,
+    qtype: Option<&str>,
+    count: u64,
+) {
+    match qtype {
+        Some(qtype) => info!(
+            { logs::KIND } = kind.as_str(), { logs::NAME } = %name,
+            { logs::REASON } = %reason, { logs::CLIENT } = %client,
+            qtype, { logs::COUNT } = count, "{}", logs::REFUSED
+        ),
+        None => info!(
+            { logs::KIND } = kind.as_str(), { logs::NAME } = %name,
+            { logs::REASON } = %reason, { logs::CLIENT } = %client,
+            { logs::COUNT } = count, "{}", logs::REFUSED
+        ),
     }
 }
 

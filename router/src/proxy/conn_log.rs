@@ -36,12 +36,15 @@ pub(crate) struct ConnLog {
     pub(crate) bytes_up: AtomicU64,
     /// Bytes relayed upstream → client.
     pub(crate) bytes_down: AtomicU64,
+    /// Whether refusals go through the worker's coalescer (the router) or are logged one line each
+    /// (an in-process test proxy, whose tests match each refusal to its connection).
+    coalesce: bool,
 }
 
 impl ConnLog {
     /// A log for a connection just accepted; [`Decision::Cancelled`] until something else is decided.
     #[must_use]
-    pub(crate) fn new(client: SocketAddr, kind: Kind) -> ConnLog {
+    pub(crate) fn new(client: SocketAddr, kind: Kind, coalesce: bool) -> ConnLog {
         ConnLog {
             client,
             kind,
@@ -51,6 +54,7 @@ impl ConnLog {
             upstream: Mutex::new(None),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
+            coalesce,
         }
     }
 
@@ -82,7 +86,11 @@ impl ConnLog {
     /// Logs a refusal (the `refused` event, through the worker's coalescer) and marks the connection
     /// refused.
     pub(crate) fn refuse(&self, name: &str, reason: &str) {
-        coalesce::refused(self.kind, self.client, name, reason, None);
+        if self.coalesce {
+            coalesce::refused(self.kind, self.client, name, reason, None);
+        } else {
+            coalesce::log_refusal(self.kind, self.client, name, reason, None, 1);
+        }
         if !name.is_empty() {
             self.set_name(name);
         }

@@ -25,7 +25,7 @@ impl Proxy {
         host: Arc<HostName>,
         port: u16,
     ) {
-        let log = ConnLog::new(peer, Kind::Forward);
+        let log = ConnLog::new(peer, Kind::Forward, self.coalesce);
         log.set_name(host.as_str());
         if !self.rules.load().policy.allows_port(&host, port) {
             log.refuse(

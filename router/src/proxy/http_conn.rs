@@ -34,7 +34,7 @@ impl Proxy {
             rules: self.rules.load(),
             refusals: &self.refusals,
             peek_timeout: self.peek_timeout,
-            log: ConnLog::new(peer, Kind::Http),
+            log: ConnLog::new(peer, Kind::Http, self.coalesce),
         };
         let Some((buf, head, name)) = conn.first_request().await else {
             return;

@@ -114,7 +114,11 @@ impl Proxy {
         Counters::bump(&self.bounds.counters.client_cap_refused);
         let cap = self.bounds.per_client;
         let reason = refusal::client_cap_reason(cap);
-        coalesce::refused(kind, peer, "", &reason, None);
+        if self.coalesce {
+            coalesce::refused(kind, peer, "", &reason, None);
+        } else {
+            coalesce::log_refusal(kind, peer, "", &reason, None, 1);
+        }
         let answer = match kind {
             Kind::Tls => alert_record(AlertDescription::InternalError).to_vec(),
             Kind::Http => {

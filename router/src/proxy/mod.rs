@@ -90,16 +90,23 @@ pub struct Proxy {
     idle_timeout: Duration,
     /// The texts refused clients see.
     refusals: Refusals,
+    /// Whether refusals go through the worker's [`coalesce`](crate::coalesce)r: always in the
+    /// router; not in a test proxy from [`Proxy::new`], whose tests match each refusal to its
+    /// connection (and whose multi-threaded test runtimes have no per-worker flush task).
+    coalesce: bool,
 }
 
 impl Proxy {
-    /// A proxy of its own (rules and bounds not shared with anything): what tests use.
+    /// A proxy of its own (rules and bounds not shared with anything), logging every refusal on a line
+    /// of its own: what tests use.
     pub fn new(config: &ValidConfig) -> anyhow::Result<Proxy> {
-        Proxy::with_shared(
+        let mut proxy = Proxy::with_shared(
             config,
             Live::new(config.rules.clone()),
             Bounds::new(&config.limits),
-        )
+        )?;
+        proxy.coalesce = false;
+        Ok(proxy)
     }
 
     /// Builds the resolver (`config.resolvers`, or the system's /etc/resolv.conf and /etc/hosts when
@@ -132,6 +139,7 @@ impl Proxy {
             peek_timeout: config.limits.peek_timeout,
             idle_timeout: config.limits.idle_timeout,
             refusals: Refusals::new(config.allowlist.clone()),
+            coalesce: true,
         })
     }
 

@@ -243,6 +243,22 @@ mod tests {
             );
             assert!(body.contains("allowlist"), "{body}");
         }
+        // A client at its cap, and a used-up wildcard budget: 503s that say which flag bounds them.
+        assert!(
+            client_cap_body(4).contains("holds 4")
+                && client_cap_body(4).contains("--max-connections-per-client")
+        );
+        let budget = DialError::WildcardBudget {
+            name: agent_sandbox_shared::HostName::parse("x.wild.test").unwrap(),
+            per_minute: 7,
+        };
+        let (status, body) = dial_response("x.wild.test", &budget);
+        assert_eq!(status, Status::ServiceUnavailable);
+        assert!(
+            body.contains("7 lookups") && body.contains("--wildcard-lookups-per-minute"),
+            "{body}"
+        );
+        assert_eq!(dial_alert(&budget), AlertDescription::InternalError);
         // A 400 for a policy refusal is the malformed-request text.
         assert_eq!(
             none.policy_body(Status::BadRequest, "a", "b"),

@@ -31,7 +31,7 @@ use crate::fairness::Counters;
 impl Proxy {
     /// One TLS connection.
     pub(super) async fn handle_tls(self: Arc<Self>, client: TcpStream, peer: SocketAddr) {
-        let log = ConnLog::new(peer, Kind::Tls);
+        let log = ConnLog::new(peer, Kind::Tls, self.coalesce);
         let rules = self.rules.load();
         let Some(reader) = self.read_hello(&client, &log).await else {
             return;
