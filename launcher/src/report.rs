@@ -3,7 +3,8 @@
 //! The router logs every refusal at info as an event whose message is exactly [`logs::REFUSED`], with
 //! the fields [`logs::KIND`] (dns, tls, http, forward) and [`logs::NAME`] (the contract is
 //! [`agent_sandbox_shared::logs`]). The launcher counts them per name so that a user who wonders why
-//! something did not work sees which names to add to the allowlist.
+//! something did not work sees which names to add to the allowlist. The router folds repeated refusals
+//! into one line carrying [`logs::COUNT`] (absent = 1): the counts here are the sums.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -43,8 +44,12 @@ pub fn refusals(log: &str) -> BTreeMap<String, Refused> {
             other => other.to_string(),
         };
         let kind = fields[logs::KIND].as_str().unwrap_or("?").to_owned();
+        // A malformed count still stands for at least the one line.
+        let count = fields[logs::COUNT]
+            .as_u64()
+            .map_or(1, |c| usize::try_from(c).unwrap_or(usize::MAX).max(1));
         let entry = out.entry(name).or_default();
-        entry.count += 1;
+        entry.count = entry.count.saturating_add(count);
         if !entry.kinds.contains(&kind) {
             entry.kinds.push(kind);
             entry.kinds.sort();
@@ -146,6 +151,20 @@ not json at all
         assert!(text.contains("refused 5 requests for 3 names"), "{text}");
         assert!(text.contains("evil.example  3 × (dns, http)"), "{text}");
         assert!(text.contains("/home/me/.config/agent-sandbox/allowed-hosts"));
+    }
+
+    /// Coalesced lines: each stands for its `count` refusals; absent is 1.
+    #[test]
+    fn counts_of_coalesced_lines_are_summed() {
+        let log = r#"{"fields":{"message":"refused","kind":"dns","name":"evil.example.","reason":"r","client":"10.0.0.3:1","count":1}}
+{"fields":{"message":"refused","kind":"dns","name":"evil.example","reason":"r","client":"10.0.0.3","count":41}}
+{"fields":{"message":"refused","kind":"tls","name":"evil.example","reason":"r","client":"10.0.0.3:2"}}
+{"fields":{"message":"refused","kind":"http","name":"odd.example","reason":"r","client":"c","count":"x"}}
+"#;
+        let r = refusals(log);
+        assert_eq!(r["evil.example"].count, 43);
+        assert_eq!(r["evil.example"].kinds, ["dns", "tls"]);
+        assert_eq!(r["odd.example"].count, 1);
     }
 
     #[test]

@@ -62,6 +62,23 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: Option<u64>,
 
+    /// Cap on connections one client (source address) holds at once, over every listener and worker;
+    /// a client at its cap has new connections closed at once [default: a quarter of
+    /// --max-connections, at least 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections_per_client: Option<u64>,
+
+    /// Seconds a relay (TLS, HTTP, host:port), or a kept-alive HTTP connection waiting for its next
+    /// request, may go with no byte in either direction before it is closed [default: 3600].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idle_timeout: Option<u64>,
+
+    /// Names under wildcard (.example.com) entries that one client may have the router resolve per
+    /// minute, counting only lookups its resolver cache cannot answer; past it connections to new
+    /// such names are refused [default: 120].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub wildcard_lookups_per_minute: Option<u32>,
+
     /// Workers [default: one per core]: each is a thread with its own event loop and, when there are
     /// several, its own SO_REUSEPORT listening sockets. A session's router serves one sandbox and runs
     /// with 1, leaving the other cores to the sandbox itself.
@@ -279,6 +296,15 @@ impl Cli {
         }
         if let Some(n) = self.max_connections {
             config.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = self.max_connections_per_client {
+            config.max_connections_per_client = Some(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(t) = self.idle_timeout {
+            config.idle_timeout_secs = t;
+        }
+        if let Some(n) = self.wildcard_lookups_per_minute {
+            config.wildcard_lookups_per_minute = n;
         }
         Ok(Built { config, warnings })
     }

@@ -9,9 +9,15 @@
 //! is bounded: past [`MAX_TRACKED`] keys a refusal is logged on its own line (still exact, just not
 //! coalesced), so a client inventing names cannot grow memory.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
+
+use agent_sandbox_shared::logs::{self, Kind};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
 
 /// How long repeats of one key are gathered into one line.
 pub const WINDOW: Duration = Duration::from_secs(5);
@@ -135,6 +141,101 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
     pub fn tracked(&self) -> usize {
         self.pending.len()
     }
+}
+
+/// What makes two refusals "the same" for coalescing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RefusalKey {
+    /// DNS, TLS, HTTP or forward.
+    kind: Kind,
+    /// The client's address (its port differs from connection to connection: not part of the key).
+    client: IpAddr,
+    /// The name, as logged.
+    name: String,
+    /// Why.
+    reason: String,
+}
+
+thread_local! {
+    /// The worker's coalescer: each worker is one thread running a current-thread runtime, so a
+    /// thread-local is one coalescer per worker, used without a lock (and never across an `.await`).
+    static REFUSALS: RefCell<Coalescer<RefusalKey>> = RefCell::new(Coalescer::default());
+}
+
+/// Logs a refusal (the contract's `refused` event, [`logs::REFUSED`]) through this worker's coalescer:
+/// the first of its key at once (with the client's full address and `qtype` when given), repeats later
+/// as one line with their [`logs::COUNT`].
+pub fn refused(kind: Kind, client: SocketAddr, name: &str, reason: &str, qtype: Option<&str>) {
+    let key = RefusalKey {
+        kind,
+        client: client.ip(),
+        name: name.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let emit = REFUSALS.with(|c| c.borrow_mut().record(key, Instant::now()));
+    if let Some(Emit { key, count }) = emit {
+        log_refusal(key.kind, client, &key.name, &key.reason, qtype, count);
+    }
+}
+
+/// Writes one `refused` line standing for `count` refusals, without coalescing.
+pub fn log_refusal(
+    kind: Kind,
+    client: SocketAddr,
+    name: &str,
+    reason: &str,
+    qtype: Option<&str>,
+    count: u64,
+) {
+    match qtype {
+        Some(qtype) => info!(
+            { logs::KIND } = kind.as_str(), { logs::NAME } = %name,
+            { logs::REASON } = %reason, { logs::CLIENT } = %client,
+            qtype, { logs::COUNT } = count, "{}", logs::REFUSED
+        ),
+        None => info!(
+            { logs::KIND } = kind.as_str(), { logs::NAME } = %name,
+            { logs::REASON } = %reason, { logs::CLIENT } = %client,
+            { logs::COUNT } = count, "{}", logs::REFUSED
+        ),
+    }
+}
+
+/// Logs the summaries of the windows that have ended (`all`: every pending one, at shutdown).
+pub fn flush(all: bool) {
+    let lines = REFUSALS.with(|c| {
+        let mut c = c.borrow_mut();
+        if all {
+            c.drain()
+        } else {
+            c.expire(Instant::now())
+        }
+    });
+    for Emit { key, count } in lines {
+        info!(
+            { logs::KIND } = key.kind.as_str(), { logs::NAME } = %key.name,
+            { logs::REASON } = %key.reason, { logs::CLIENT } = %key.client,
+            { logs::COUNT } = count, "{}", logs::REFUSED
+        );
+    }
+}
+
+/// How often a worker logs the summaries of ended windows: a summary comes at most this late after
+/// its window.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// A worker's flush task: summaries every [`FLUSH_EVERY`], and everything pending once `shutdown` is
+/// cancelled. Must run on the worker's own thread (a task of its current-thread runtime).
+pub async fn flush_task(shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = tick.tick() => flush(false),
+        }
+    }
+    flush(true);
 }
 
 #[cfg(test)]

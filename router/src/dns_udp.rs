@@ -162,8 +162,12 @@ pub(crate) fn respond(
     out.clear();
     let question = match parse(packet) {
         Ok(q) => q,
-        Err(Malformed::Drop) => return false,
+        Err(Malformed::Drop) => {
+            handler.reject(client, "a runt or a response");
+            return false;
+        }
         Err(Malformed::Code(code)) => {
+            handler.reject(client, "not one standard question");
             // Header only: id, opcode and RD echoed, QR set, no sections.
             out.extend_from_slice(&packet[..2]);
             let flags = (u16::from_be_bytes([packet[2], packet[3]]) & 0x7900)

@@ -15,7 +15,6 @@ mod bind;
 pub mod cli;
 pub mod coalesce;
 pub mod dns;
-#[allow(dead_code)] // TEMPORARY: wired into the listeners with the shared accept loop (issue 13)
 mod dns_tcp;
 mod dns_udp;
 pub mod fairness;
@@ -87,10 +86,13 @@ pub fn describe(config: &ValidConfig) -> String {
     let limits = &config.limits;
     let _ = writeln!(
         out,
-        "limits: peek timeout {}s, connect timeout {}s, {} connections",
+        "limits: peek timeout {}s, connect timeout {}s, {} connections ({} per client), idle timeout {}s, {} wildcard lookups per client per minute",
         limits.peek_timeout.as_secs(),
         limits.connect_timeout.as_secs(),
-        limits.max_connections
+        limits.max_connections,
+        limits.max_connections_per_client,
+        limits.idle_timeout.as_secs(),
+        limits.wildcard_lookups_per_minute
     );
     out
 }

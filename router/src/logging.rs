@@ -8,8 +8,7 @@ use tracing_subscriber::EnvFilter;
 use crate::cli::LogFormat;
 
 /// The default filter: our decisions at info, dependencies' chatter off.
-const DEFAULT_FILTER: &str =
-    "info,hickory_server=warn,hickory_proto=warn,hickory_resolver=warn,hickory_net=warn";
+const DEFAULT_FILTER: &str = "info,hickory_proto=warn,hickory_resolver=warn,hickory_net=warn";
 
 /// Installs the global subscriber, writing to stderr.
 pub fn init(format: LogFormat) {

@@ -32,19 +32,17 @@ use tracing::{info, warn};
 use crate::admin::AdminState;
 use crate::bind::{Listeners, WorkerSockets};
 use crate::dns::DnsStats;
+use crate::fairness::Bounds;
 use crate::live::{Live, LiveRules};
 use crate::metrics::Metrics;
 use crate::proxy::Stop;
 use crate::reload::{Reloader, Source};
 use crate::watch::AllowlistWatch;
-use crate::{admin, dns, dns_udp, proxy};
+use crate::{admin, coalesce, dns, dns_udp, proxy};
 
 /// How long in-flight work may take to finish after shutdown is requested. SIGTERM must exit within a
 /// second, so this stays well under it.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(400);
-
-/// Response buffer per DNS-over-TCP connection.
-const DNS_TCP_BUFFER: usize = 64;
 
 /// How long the first worker waits for the others to be set up before it reports readiness.
 const WORKER_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -133,8 +131,9 @@ struct Shared {
     rules: LiveRules,
     /// DNS counters over all workers.
     stats: Arc<DnsStats>,
-    /// The cap on connections handled at once, over all workers and listeners.
-    limit: Arc<Semaphore>,
+    /// The connection caps (global and per client), the wildcard budget, the resolver cache, and
+    /// their counters.
+    bounds: Bounds,
     /// Every counter the admin endpoint exposes.
     metrics: Arc<Metrics>,
     /// Cancelled: stop everything now.
@@ -173,7 +172,7 @@ pub fn run(
     let shared = Shared {
         rules: Live::new(config.rules.clone()),
         stats: Arc::new(DnsStats::default()),
-        limit: Arc::new(Semaphore::new(config.limits.max_connections.get())),
+        bounds: Bounds::new(&config.limits),
         metrics,
         shutdown: shutdown.clone(),
         drain: drain.clone(),
@@ -186,6 +185,7 @@ pub fn run(
         reload: Arc::new(Notify::new()),
     };
     let stats = Arc::clone(&shared.stats);
+    let counters = Arc::clone(&shared.bounds.counters);
     let mut sets = sets.into_iter();
     let first = sets.next().context("no worker sockets were bound")?;
     let mut senders = Vec::new();
@@ -247,7 +247,7 @@ pub fn run(
             watch: control.watch,
             reloader,
             drain_for: control.drain_for,
-            limit: Arc::clone(&shared.limit),
+            limit: Arc::clone(&shared.bounds.limit),
             max_connections: config.limits.max_connections.get(),
         };
         outcome = serve_worker(
@@ -289,6 +289,12 @@ pub fn run(
     }
     let (answered, refused, rejected) = stats.totals();
     info!(answered, refused, rejected, "DNS queries served");
+    let (client_cap, wildcard_refused, wildcard_lookups, idle_closed, retry_refused) =
+        counters.totals();
+    info!(
+        client_cap,
+        wildcard_refused, wildcard_lookups, idle_closed, retry_refused, "fairness bounds"
+    );
     if outcome.is_ok() && not_ready.load(Ordering::Relaxed) {
         outcome = Err(anyhow::anyhow!(
             "a worker did not finish setting up within {} s",
@@ -463,7 +469,7 @@ async fn run_worker(
 ) -> anyhow::Result<()> {
     // Everything that can fail is set up before anything is served.
     let proxy = Arc::new(
-        proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.limit)
+        proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.bounds)
             .context("cannot set up the proxy")?,
     );
     ready();
@@ -473,6 +479,7 @@ async fn run_worker(
         shutdown: shutdown.clone(),
     };
     let mut tasks = JoinSet::new();
+    tasks.spawn(coalesce::flush_task(shutdown.child_token()));
 
     let handler = Arc::new(dns::DnsHandler::new(shared.rules, shared.stats));
     for udp in listeners.dns_udp {
@@ -484,11 +491,12 @@ async fn run_worker(
             shutdown.child_token(),
         ));
     }
-    let mut dns_server = None;
     if let Some(tcp) = listeners.dns_tcp {
-        let mut server = hickory_server::Server::new(dns::SharedHandler(Arc::clone(&handler)));
-        server.register_listener(tcp, config.limits.peek_timeout, DNS_TCP_BUFFER);
-        dns_server = Some(server);
+        tasks.spawn(Arc::clone(&proxy).serve_dns_tcp(
+            tcp,
+            Arc::clone(&handler),
+            stop(shared.drain.child_token()),
+        ));
     }
 
     if let Some(l) = listeners.https {
@@ -532,17 +540,12 @@ async fn run_worker(
         }
     }
     info!("shutting down");
-    let drain = async {
-        if let Some(server) = dns_server.as_mut() {
-            if let Err(error) = server.shutdown_gracefully().await {
-                warn!(%error, "DNS server did not stop cleanly");
-            }
-        }
-        while tasks.join_next().await.is_some() {}
-    };
+    let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
         warn!("in-flight work did not finish in time; dropping it");
     }
+    // Refusals logged during the grace period: their repeats are counted too.
+    coalesce::flush(true);
     Ok(())
 }
 

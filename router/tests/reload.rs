@@ -426,9 +426,10 @@ fn restart_only_changes_fail_the_reload() {
     std::fs::write(&config, toml(5)).unwrap();
     let gw = f.start(&["--config", config.to_str().unwrap()]);
     assert_eq!(gw.query("a.test"), ANSWERED);
-    // Both files change; the config watch and the allowlist watch may each reload.
-    std::fs::write(&f.list, "a.test\nb.test\n").unwrap();
+    // Both files change; the config watch and the allowlist watch may each reload. The configuration
+    // changes first, so every reload from here on sees the restart-only change and fails.
     replace_file(&config, &toml(6));
+    std::fs::write(&f.list, "a.test\nb.test\n").unwrap();
     let summary = gw.wait_reload_where(0, |v| v["fields"]["result"] == "failure");
     assert_eq!(summary["fields"]["entries_after"], 1, "{summary}");
     assert!(

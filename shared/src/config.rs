@@ -23,6 +23,15 @@ pub const DEFAULT_PEEK_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
 /// Default cap on concurrently handled connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default seconds a relay (or a kept-alive HTTP connection between requests) may go with no byte in
+/// either direction before it is closed.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 3600;
+/// The longest idle timeout accepted: a day.
+pub const MAX_IDLE_TIMEOUT_SECS: u64 = 86_400;
+/// Default names under wildcard entries each client may have resolved per minute.
+pub const DEFAULT_WILDCARD_LOOKUPS_PER_MINUTE: u32 = 120;
+/// The most wildcard lookups per client per minute that may be configured.
+pub const MAX_WILDCARD_LOOKUPS_PER_MINUTE: u32 = 1_000_000;
 /// Default TTL of DNS answers: short, so an allowlist change is seen quickly by long-lived clients.
 pub const DEFAULT_ANSWER_TTL: u32 = 10;
 
@@ -66,6 +75,18 @@ pub struct RouterConfig {
     /// Cap on connections handled at once across all listeners; more wait in the kernel's backlog.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Cap on connections one client (source address) holds at once. Absent: a quarter of
+    /// `max_connections`, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_client: Option<usize>,
+    /// Seconds a relay, or a kept-alive HTTP connection waiting for its next request, may go with no
+    /// byte in either direction before it is closed.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_secs: u64,
+    /// Names under wildcard (subdomain) entries that one client may have resolved per minute, counting
+    /// only lookups the router's resolver cache cannot answer.
+    #[serde(default = "default_wildcard_lookups")]
+    pub wildcard_lookups_per_minute: u32,
     /// The allowlist file as the refusals clients see should name it: the launcher writes the user's
     /// real path, the standalone router the `--allowlist` file. Absent: the refusals name no file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,6 +140,12 @@ fn default_connect_timeout() -> u64 {
 }
 fn default_max_connections() -> usize {
     DEFAULT_MAX_CONNECTIONS
+}
+fn default_idle_timeout() -> u64 {
+    DEFAULT_IDLE_TIMEOUT_SECS
+}
+fn default_wildcard_lookups() -> u32 {
+    DEFAULT_WILDCARD_LOOKUPS_PER_MINUTE
 }
 fn default_ttl() -> u32 {
     DEFAULT_ANSWER_TTL
@@ -203,6 +230,12 @@ pub struct Limits {
     pub connect_timeout: Duration,
     /// Connections handled at once across all listeners (1 to [`MAX_CONNECTIONS`]).
     pub max_connections: NonZeroUsize,
+    /// Connections one client (source address) holds at once (1 to `max_connections`).
+    pub max_connections_per_client: NonZeroUsize,
+    /// No byte in either direction for this long closes a relay or an idle kept-alive connection.
+    pub idle_timeout: Duration,
+    /// Wildcard-entry names each client may have resolved (cache misses) per minute.
+    pub wildcard_lookups_per_minute: NonZeroU32,
 }
 
 impl RouterConfig {
@@ -255,6 +288,9 @@ impl RouterConfig {
             peek_timeout_secs: DEFAULT_PEEK_TIMEOUT_SECS,
             connect_timeout_secs: DEFAULT_CONNECT_TIMEOUT_SECS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: None,
+            idle_timeout_secs: DEFAULT_IDLE_TIMEOUT_SECS,
+            wildcard_lookups_per_minute: DEFAULT_WILDCARD_LOOKUPS_PER_MINUTE,
             allowlist: None,
         };
         for entry in policy.entries() {
@@ -323,6 +359,21 @@ impl RouterConfig {
                 MAX_CONNECTIONS as u64,
             ),
             (
+                "max_connections_per_client",
+                self.per_client() as u64,
+                self.max_connections.max(1) as u64,
+            ),
+            (
+                "idle_timeout_secs",
+                self.idle_timeout_secs,
+                MAX_IDLE_TIMEOUT_SECS,
+            ),
+            (
+                "wildcard_lookups_per_minute",
+                u64::from(self.wildcard_lookups_per_minute),
+                u64::from(MAX_WILDCARD_LOOKUPS_PER_MINUTE),
+            ),
+            (
                 "answers.ttl",
                 u64::from(self.answers.ttl),
                 u64::from(MAX_ANSWER_TTL),
@@ -335,8 +386,15 @@ impl RouterConfig {
         problems.extend(listener_conflicts(self));
         let ttl = NonZeroU32::new(self.answers.ttl);
         let max_connections = NonZeroUsize::new(self.max_connections);
-        let (Some(ttl), Some(max_connections), true) = (ttl, max_connections, problems.is_empty())
-        else {
+        let per_client = NonZeroUsize::new(self.per_client());
+        let wildcard = NonZeroU32::new(self.wildcard_lookups_per_minute);
+        let (Some(ttl), Some(max_connections), Some(per_client), Some(wildcard), true) = (
+            ttl,
+            max_connections,
+            per_client,
+            wildcard,
+            problems.is_empty(),
+        ) else {
             return Err(ConfigError::Invalid(problems));
         };
         Ok(ValidConfig {
@@ -355,9 +413,20 @@ impl RouterConfig {
                 peek_timeout: Duration::from_secs(self.peek_timeout_secs),
                 connect_timeout: Duration::from_secs(self.connect_timeout_secs),
                 max_connections,
+                max_connections_per_client: per_client,
+                idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+                wildcard_lookups_per_minute: wildcard,
             },
             allowlist: self.allowlist.clone(),
         })
+    }
+}
+
+impl RouterConfig {
+    /// The per-client cap as configured, or its default: a quarter of `max_connections`, at least 1.
+    fn per_client(&self) -> usize {
+        self.max_connections_per_client
+            .unwrap_or((self.max_connections / 4).max(1))
     }
 }
 
@@ -467,5 +536,51 @@ mod tests {
         assert!(policy.decide("evil.com").is_err());
         assert_eq!(v.limits.peek_timeout, Duration::from_secs(10));
         assert_eq!(v.rules.answers.ttl.get(), DEFAULT_ANSWER_TTL);
+    }
+
+    #[test]
+    fn fairness_limits_default_and_bounds() {
+        let v = sample().validate().unwrap();
+        assert_eq!(
+            v.limits.max_connections_per_client.get(),
+            DEFAULT_MAX_CONNECTIONS / 4
+        );
+        assert_eq!(
+            v.limits.idle_timeout,
+            Duration::from_secs(DEFAULT_IDLE_TIMEOUT_SECS)
+        );
+        assert_eq!(
+            v.limits.wildcard_lookups_per_minute.get(),
+            DEFAULT_WILDCARD_LOOKUPS_PER_MINUTE
+        );
+        let mut c = sample();
+        c.max_connections = 3;
+        assert_eq!(
+            c.validate()
+                .unwrap()
+                .limits
+                .max_connections_per_client
+                .get(),
+            1
+        );
+        c.max_connections_per_client = Some(4);
+        c.idle_timeout_secs = 0;
+        c.wildcard_lookups_per_minute = 0;
+        let err = c.validate().unwrap_err().to_string();
+        for needle in [
+            "max_connections_per_client is 4; it must be between 1 and 3",
+            "idle_timeout_secs is 0",
+            "wildcard_lookups_per_minute is 0",
+        ] {
+            assert!(err.contains(needle), "{needle} missing in {err}");
+        }
+        // A file that does not mention them still parses (the launcher's older configurations).
+        let mut text = sample().to_toml();
+        text = text
+            .lines()
+            .filter(|l| !l.starts_with("idle_timeout_secs") && !l.starts_with("wildcard_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(RouterConfig::from_toml(&text).unwrap(), sample());
     }
 }

@@ -9,7 +9,10 @@
 //! The events:
 //! - [`LISTENING_ON`]`ADDR (proto)` (router) or [`LISTENING_ON`]`ADDR to=TARGET` (forwarder): one per
 //!   listener, once everything is bound and set up. The launcher starts the sandbox on these lines.
-//! - [`REFUSED`]: one per refusal, with [`KIND`], [`NAME`], [`REASON`], [`CLIENT`].
+//! - [`REFUSED`]: with [`KIND`], [`NAME`], [`REASON`], [`CLIENT`] and [`COUNT`]: how many refusals the
+//!   line stands for (absent = 1). The router logs the first refusal of a (kind, client address, name,
+//!   reason) at once and folds repeats within a few seconds into one later line with their count, so
+//!   readers that count refusals must sum [`COUNT`].
 //! - [`CONNECTION`]: one when a TCP connection ends, however it ends, with [`CLIENT`], [`LISTENER`],
 //!   [`NAME`], [`DECISION`], [`UPSTREAM`], [`BYTES_UP`], [`BYTES_DOWN`], [`DURATION_MS`].
 
@@ -33,6 +36,8 @@ pub const NAME: &str = "name";
 pub const REASON: &str = "reason";
 /// The client's address.
 pub const CLIENT: &str = "client";
+/// How many refusals a [`REFUSED`] line stands for; absent means 1.
+pub const COUNT: &str = "count";
 /// The listener a connection came in on (a [`Kind`] other than DNS).
 pub const LISTENER: &str = "listener";
 /// How a connection ended: a [`Decision`].

@@ -13,8 +13,8 @@
 //!    ENFILE, ENOBUFS, ENOMEM) give the permit back and pause, the pause doubling up to
 //!    [`MAX_ACCEPT_BACKOFF`], since retrying at once would spin on the same error.
 //!
-//! A cap per client (a later need of the gateway) belongs after `accept`, where the peer is known: the
-//! caller closes the connection at once and drops the permit.
+//! The cap per client belongs after `accept`, where the peer is known: the router's accept loop takes the
+//! client's slot there, and for a client at its cap closes the connection at once and drops the permit.
 
 use std::io;
 use std::net::SocketAddr;

@@ -144,6 +144,9 @@ impl SessionPlan {
         }
 
         let mut router = RouterConfig::from_policy(policy, SHARED_LOOPBACK);
+        // A session's router has one client, the sandbox (its forwarder connects from the same pod):
+        // the per-client cap, meant to keep a gateway's many clients apart, would only shrink its share.
+        router.max_connections_per_client = Some(router.max_connections);
         let at = |port| Some(SocketAddr::V4(SocketAddrV4::new(router_ip, port)));
         router.listen = ListenConfig {
             dns: at(DNS_PORT),
@@ -259,7 +262,12 @@ mod tests {
         // The router config survives the trip through TOML and validates.
         let back = RouterConfig::from_toml(&p.router.to_toml()).unwrap();
         assert_eq!(back, p.router);
-        back.validate().unwrap();
+        let valid = back.validate().unwrap();
+        // One client, the sandbox: no per-client cap below the global one.
+        assert_eq!(
+            valid.limits.max_connections_per_client.get(),
+            valid.limits.max_connections.get()
+        );
     }
 
     #[test]

@@ -106,6 +106,15 @@ impl Policy {
             || name.parents().any(|p| self.subdomains.contains(p))
     }
 
+    /// True when an already-normalised name is itself written in the allowlist: an exact entry, a
+    /// host:port entry's host, or a subdomain entry's apex. False for a name allowed only as a name
+    /// *below* a subdomain entry (or not at all): such a name's labels were chosen by the client, and
+    /// resolving it upstream carries them out, which the router's wildcard lookup budget bounds.
+    #[must_use]
+    pub fn lists_exactly(&self, name: &HostName) -> bool {
+        self.exact.contains(name) || self.subdomains.contains(name.as_str())
+    }
+
     /// True when `name` has its own host:port entry on `port`.
     #[must_use]
     pub fn allows_port(&self, name: &HostName, port: u16) -> bool {
@@ -179,6 +188,23 @@ mod tests {
         )
         .unwrap();
         Policy::new(&list)
+    }
+
+    #[test]
+    fn exact_names_and_names_below_a_wildcard() {
+        let p = policy();
+        let n = |s| HostName::parse(s).unwrap();
+        for listed in [
+            "api.anthropic.com",
+            "example.com",
+            "db.other.net",
+            "_internal.corp",
+        ] {
+            assert!(p.lists_exactly(&n(listed)), "{listed}");
+        }
+        for below in ["www.example.com", "a.b.example.com", "evil.test"] {
+            assert!(!p.lists_exactly(&n(below)), "{below}");
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! One connection's log: the `refused` events it causes and the one `connection` event that ends it.
+//! One connection's log: the `refused` events it causes (through the worker's
+//! [`coalesce`](crate::coalesce)r) and the one `connection` event that ends it.
 //!
 //! How it fits: each connection driver makes a [`ConnLog`] first thing and records on it as the
 //! connection goes (name, [`Decision`], upstream, bytes); dropping it — however the connection ends,
@@ -14,6 +15,7 @@ use agent_sandbox_shared::logs::{self, Decision, Kind};
 use tracing::{info, warn};
 
 use super::upstream::DialError;
+use crate::coalesce;
 
 /// One connection's log line, written when the connection ends (however it ends).
 #[derive(Debug)]
@@ -34,12 +36,15 @@ pub(crate) struct ConnLog {
     pub(crate) bytes_up: AtomicU64,
     /// Bytes relayed upstream → client.
     pub(crate) bytes_down: AtomicU64,
+    /// Whether refusals go through the worker's coalescer (the router) or are logged one line each
+    /// (an in-process test proxy, whose tests match each refusal to its connection).
+    coalesce: bool,
 }
 
 impl ConnLog {
     /// A log for a connection just accepted; [`Decision::Cancelled`] until something else is decided.
     #[must_use]
-    pub(crate) fn new(client: SocketAddr, kind: Kind) -> ConnLog {
+    pub(crate) fn new(client: SocketAddr, kind: Kind, coalesce: bool) -> ConnLog {
         ConnLog {
             client,
             kind,
@@ -49,6 +54,7 @@ impl ConnLog {
             upstream: Mutex::new(None),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
+            coalesce,
         }
     }
 
@@ -77,16 +83,14 @@ impl ConnLog {
         self.bytes_down.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Logs a refusal (the one `refused` event) and marks the connection refused.
+    /// Logs a refusal (the `refused` event, through the worker's coalescer) and marks the connection
+    /// refused.
     pub(crate) fn refuse(&self, name: &str, reason: &str) {
-        info!(
-            { logs::KIND } = self.kind.as_str(),
-            { logs::NAME } = %name,
-            { logs::REASON } = %reason,
-            { logs::CLIENT } = %self.client,
-            "{}",
-            logs::REFUSED
-        );
+        if self.coalesce {
+            coalesce::refused(self.kind, self.client, name, reason, None);
+        } else {
+            coalesce::log_refusal(self.kind, self.client, name, reason, None, 1);
+        }
         if !name.is_empty() {
             self.set_name(name);
         }

@@ -4,10 +4,19 @@
 //! decided name and port; it dials through [`Upstream`](super::upstream::Upstream) (resolve, address
 //! check, connect within the timeout) and records the outcome on the connection's log, so the three
 //! drivers log dials the same way and only choose what the client sees on failure.
+//!
+//! The wildcard lookup budget is spent here: a name that the allowlist does not list itself (one below a
+//! subdomain entry, whose labels the client chose) and that the resolver cache cannot answer costs its
+//! client one lookup of [`WildcardBudget`](crate::fairness::WildcardBudget); with none left the
+//! connection is refused before anything is looked up.
+
+use std::time::Instant;
 
 use agent_sandbox_shared::logs::Decision;
 use agent_sandbox_shared::HostName;
 use tokio::net::TcpStream;
+
+use crate::fairness::Counters;
 
 use super::conn_log::ConnLog;
 use super::upstream::DialError;
@@ -23,7 +32,25 @@ impl Proxy {
         port: u16,
         log: &ConnLog,
     ) -> Result<TcpStream, DialError> {
-        match self.upstream.connect(name, port).await {
+        let listed = self.rules.load().policy.lists_exactly(name);
+        let client = log.client.ip();
+        let may_resolve = || {
+            if listed {
+                return Ok(());
+            }
+            let counters = &self.bounds.counters;
+            if self.bounds.budget.spend(client, Instant::now()) {
+                Counters::bump(&counters.wildcard_lookups);
+                Ok(())
+            } else {
+                Counters::bump(&counters.wildcard_budget_refused);
+                Err(DialError::WildcardBudget {
+                    name: name.clone(),
+                    per_minute: self.bounds.wildcard_per_minute,
+                })
+            }
+        };
+        match self.upstream.connect(name, port, may_resolve).await {
             Ok((stream, addr)) => {
                 log.set_upstream(addr);
                 log.set_decision(Decision::Allowed);

@@ -25,7 +25,7 @@ impl Proxy {
         host: Arc<HostName>,
         port: u16,
     ) {
-        let log = ConnLog::new(peer, Kind::Forward);
+        let log = ConnLog::new(peer, Kind::Forward, self.coalesce);
         log.set_name(host.as_str());
         if !self.rules.load().policy.allows_port(&host, port) {
             log.refuse(
@@ -37,7 +37,8 @@ impl Proxy {
         let Ok(upstream) = self.dial(&host, port, &log).await else {
             return;
         };
-        if let Err(error) = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down).await {
+        let relaying = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down);
+        if let Some(Err(error)) = self.until_idle(&log, relaying).await {
             debug!(%error, "relay ended with an error");
         }
     }

@@ -34,7 +34,7 @@ impl Proxy {
             rules: self.rules.load(),
             refusals: &self.refusals,
             peek_timeout: self.peek_timeout,
-            log: ConnLog::new(peer, Kind::Http),
+            log: ConnLog::new(peer, Kind::Http, self.coalesce),
         };
         let Some((buf, head, name)) = conn.first_request().await else {
             return;
@@ -48,13 +48,13 @@ impl Proxy {
                 return;
             }
         };
-        HttpRelay {
+        // The idle timeout covers the relay and a kept-alive connection waiting for its next request.
+        let relaying = HttpRelay {
             conn: &conn,
             upstream: &upstream,
             name,
-        }
-        .run(buf, head)
-        .await;
+        };
+        self.until_idle(&conn.log, relaying.run(buf, head)).await;
     }
 }
 

@@ -4,8 +4,18 @@
 //! [`Proxy::accept_loop`] with their connection driver. The accept step itself (a slot from the cap
 //! shared by every listener and worker before `accept`, so the excess waits in the kernel's backlog;
 //! back-off on descriptor or memory exhaustion) is the one the forwarder uses too:
-//! [`agent_sandbox_shared::net::Acceptor`]. Each connection runs as a task that holds its slot until it
-//! ends, inside a `conn` span.
+//! [`agent_sandbox_shared::net::Acceptor`]. Right after `accept`, where the peer is known, the client
+//! takes one of its own slots ([`ClientSlots`](crate::fairness::ClientSlots), shared by every listener
+//! and worker); a client already at its cap has the new connection closed at once — after a TLS
+//! `internal_error` alert or an HTTP 503 naming the reason, or with nothing on a host:port or DNS
+//! listener — and the refusal is counted and logged (coalesced). The global permit is given back first,
+//! so one client's flood cannot keep anyone else's connection waiting. Each accepted connection runs as
+//! a task that holds both its permit and its client slot until it ends, inside a `conn` span.
+//!
+//! Why `internal_error` and not `access_denied`: the router sends `access_denied` when a name is not
+//! allowed, and a client (or its user) reads that as "this name is blocked"; a client at its cap is
+//! turned away by a transient resource limit of the gateway, which is what `internal_error` says (RFC
+//! 8446 §6.2: an error unrelated to the peer or the protocol), and clients retry it like one.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,7 +27,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn, Instrument as _};
 
+use super::http::{self, Status};
+use super::refusal::{self, send_and_close};
+use super::tls::{alert_record, AlertDescription};
 use super::{Kind, Proxy};
+use crate::coalesce;
+use crate::fairness::Counters;
 
 /// When a listener stops: it stops accepting when `accepting` is cancelled (a drain, or a reload that
 /// removed its `host:port` entry) and its connections go on; when `shutdown` is cancelled, they are
@@ -57,7 +72,7 @@ impl Proxy {
         if let Ok(addr) = listener.local_addr() {
             self.upstream.add_own_address(addr.ip());
         }
-        let mut acceptor = match Acceptor::new(listener, Arc::clone(&self.limit)) {
+        let mut acceptor = match Acceptor::new(listener, Arc::clone(&self.bounds.limit)) {
             Ok(a) => a,
             Err(e) => {
                 error!(listener = kind.as_str(), error = %e, "cannot watch the listener");
@@ -79,6 +94,13 @@ impl Proxy {
             else {
                 break;
             };
+            let Some(client_slot) = self.bounds.slots.try_take(peer.ip()) else {
+                drop(permit);
+                if let Some(refusing) = self.refuse_over_cap(kind, stream, peer) {
+                    tasks.spawn(refusing);
+                }
+                continue;
+            };
             // Debug level: the events a connection logs at info carry client and listener themselves,
             // and an enabled span costs work at every poll of every connection.
             let span = tracing::debug_span!("conn", client = %peer, listener = kind.as_str());
@@ -86,7 +108,7 @@ impl Proxy {
             let shutdown = stop.shutdown.clone();
             tasks.spawn(
                 async move {
-                    let _slot = permit;
+                    let _slots = (permit, client_slot);
                     tokio::select! {
                         () = shutdown.cancelled() => {}
                         () = work => {}
@@ -103,6 +125,46 @@ impl Proxy {
             () = stop.shutdown.cancelled() => {
                 tasks.abort_all();
                 while tasks.join_next().await.is_some() {}
+            }
+        }
+    }
+}
+
+impl Proxy {
+    /// A new connection from a client at its cap: counted, logged (coalesced), and closed at once. TLS
+    /// and HTTP clients are told why first; that telling may linger briefly (so the close does not reset
+    /// the answer away) only while few such refusals are lingering, and holds no connection permit.
+    /// Returns the lingering close to run as a task, if any.
+    fn refuse_over_cap(
+        &self,
+        kind: Kind,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        Counters::bump(&self.bounds.counters.client_cap_refused);
+        let cap = self.bounds.per_client;
+        let reason = refusal::client_cap_reason(cap);
+        if self.coalesce {
+            coalesce::refused(kind, peer, "", &reason, None);
+        } else {
+            coalesce::log_refusal(kind, peer, "", &reason, None, 1);
+        }
+        let answer = match kind {
+            Kind::Tls => alert_record(AlertDescription::InternalError).to_vec(),
+            Kind::Http => {
+                http::response(Status::ServiceUnavailable, &refusal::client_cap_body(cap))
+            }
+            Kind::Forward | Kind::Dns => return None,
+        };
+        match Arc::clone(&self.bounds.lingering).try_acquire_owned() {
+            Ok(lingering) => Some(async move {
+                let _lingering = lingering;
+                send_and_close(&stream, &answer).await;
+            }),
+            Err(_) => {
+                // Too many refusals lingering already: say it once, without waiting, and close.
+                let _ = stream.try_write(&answer);
+                None
             }
         }
     }

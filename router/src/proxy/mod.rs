@@ -4,14 +4,17 @@
 //! shared [`LiveRules`], and hands each TCP listener to [`Proxy::serve_https`], [`Proxy::serve_http`] or
 //! [`Proxy::serve_forward`]. The files, in the order a connection meets them:
 //!
-//! - [`listener`]: the accept loop and the connection slots (the shared cap), one task per connection.
+//! - [`listener`]: the accept loop, the connection slots (the shared cap) and the per-client cap
+//!   ([`crate::fairness`]), one task per connection. DNS over TCP ([`crate::dns_tcp`]) is accepted by
+//!   the same loop, under the same caps.
 //! - [`tls_conn`], [`http_conn`], [`forward_conn`]: the three connection drivers. Each takes one snapshot
 //!   of the rules when the connection starts and decides on the name the client sent (SNI, Host, or the
 //!   entry itself) by the shared [`Policy`](agent_sandbox_shared::Policy) — normalised once, matched once.
 //!   The parsers they drive are pure: [`tls`] (ClientHello) and [`http`] (request heads, bodies).
 //! - [`dial`]: the one way any driver reaches an upstream: always the decided name, resolved and checked
 //!   by [`upstream`], never an address the client chose, and only once the decision is made.
-//! - [`relay`]: moving bytes once a connection is decided.
+//! - [`relay`]: moving bytes once a connection is decided, until both sides end or neither has sent a
+//!   byte for the idle timeout.
 //! - [`conn_log`]: the one `connection` event per connection and every `refused` event
 //!   (the contract is [`agent_sandbox_shared::logs`]); [`refusal`]: every text a refused client sees.
 //!
@@ -46,18 +49,21 @@ pub mod tls;
 mod tls_conn;
 pub mod upstream;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agent_sandbox_shared::{HostName, ValidConfig};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 pub use agent_sandbox_shared::logs::Kind;
 
+use self::conn_log::ConnLog;
 pub use self::listener::Stop;
 use self::refusal::Refusals;
 use self::upstream::Upstream;
+use crate::dns::DnsHandler;
+use crate::fairness::{Bounds, Counters};
 use crate::live::{Live, LiveRules};
 
 /// The longest client-supplied name put in a log line or a response.
@@ -75,33 +81,49 @@ pub struct Proxy {
     rules: LiveRules,
     /// Resolution, the address check and dialling.
     upstream: Upstream,
-    /// The cap on connections handled at once, across all listeners (and workers); more wait in the
-    /// kernel's backlog.
-    limit: Arc<Semaphore>,
+    /// The connection caps (global and per client), the wildcard budget and the resolver cache, shared
+    /// with the other workers.
+    bounds: Bounds,
     /// How long a client may take to send its ClientHello or request head.
     peek_timeout: Duration,
+    /// No byte in either direction for this long closes a relay or an idle kept-alive connection.
+    idle_timeout: Duration,
     /// The texts refused clients see.
     refusals: Refusals,
+    /// Whether refusals go through the worker's [`coalesce`](crate::coalesce)r: always in the
+    /// router; not in a test proxy from [`Proxy::new`], whose tests match each refusal to its
+    /// connection (and whose multi-threaded test runtimes have no per-worker flush task).
+    coalesce: bool,
 }
 
 impl Proxy {
-    /// A proxy of its own (rules and connection cap not shared with anything): what tests use.
+    /// A proxy of its own (rules and bounds not shared with anything), logging every refusal on a line
+    /// of its own: what tests use.
     pub fn new(config: &ValidConfig) -> anyhow::Result<Proxy> {
-        let limit = Arc::new(Semaphore::new(config.limits.max_connections.get()));
-        Proxy::with_shared(config, Live::new(config.rules.clone()), limit)
+        let mut proxy = Proxy::with_shared(
+            config,
+            Live::new(config.rules.clone()),
+            Bounds::new(&config.limits),
+        )?;
+        proxy.coalesce = false;
+        Ok(proxy)
     }
 
     /// Builds the resolver (`config.resolvers`, or the system's /etc/resolv.conf and /etc/hosts when
-    /// empty), and learns the router's own addresses for the dial check; `rules` and the connection cap
-    /// `limit` are shared with the other workers. Also raises the soft descriptor limit to the hard one:
+    /// empty), and learns the router's own addresses for the dial check; `rules` and `bounds` are shared
+    /// with the other workers. Also raises the soft descriptor limit to the hard one:
     /// each relayed connection holds two sockets and two pipes.
     pub fn with_shared(
         config: &ValidConfig,
         rules: LiveRules,
-        limit: Arc<Semaphore>,
+        bounds: Bounds,
     ) -> anyhow::Result<Proxy> {
         raise_fd_limit();
-        let upstream = Upstream::new(&config.resolvers, config.limits.connect_timeout)?;
+        let upstream = Upstream::new(
+            &config.resolvers,
+            config.limits.connect_timeout,
+            Arc::clone(&bounds.cache),
+        )?;
         // The addresses DNS hands out are this router (or its forwarders) as far as clients know: a
         // name resolving there upstream must not loop back into the router (behind NAT the answer
         // address need not be on an interface).
@@ -113,9 +135,11 @@ impl Proxy {
         Ok(Proxy {
             rules,
             upstream,
-            limit,
+            bounds,
             peek_timeout: config.limits.peek_timeout,
+            idle_timeout: config.limits.idle_timeout,
             refusals: Refusals::new(config.allowlist.clone()),
+            coalesce: true,
         })
     }
 
@@ -157,6 +181,40 @@ impl Proxy {
             stop.into(),
             move |proxy, stream, peer| proxy.handle_forward(stream, peer, Arc::clone(&host), port),
         )
+        .await;
+    }
+}
+
+impl Proxy {
+    /// Runs `work` (a connection's relaying) until it ends, or until no byte has moved in either
+    /// direction on `log`'s counters for the idle timeout (`None`: closed as idle; dropping `work`
+    /// and then the sockets closes both sides).
+    async fn until_idle<T>(&self, log: &ConnLog, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            r = work => Some(r),
+            () = relay::idle(&log.bytes_up, &log.bytes_down, self.idle_timeout) => {
+                Counters::bump(&self.bounds.counters.idle_closed);
+                tracing::debug!(idle_s = self.idle_timeout.as_secs(), "closed after the idle timeout");
+                None
+            }
+        }
+    }
+
+    /// DNS over TCP: each connection answered by [`crate::dns_tcp`] with `handler`, under the same
+    /// connection caps as every other listener; idle after the peek timeout.
+    pub async fn serve_dns_tcp(
+        self: Arc<Self>,
+        listener: TcpListener,
+        handler: Arc<DnsHandler>,
+        stop: impl Into<Stop>,
+    ) {
+        let idle = self.peek_timeout;
+        self.accept_loop(listener, Kind::Dns, stop.into(), move |_, stream, peer| {
+            let handler = Arc::clone(&handler);
+            async move {
+                crate::dns_tcp::serve_connection(stream, peer, &handler, idle).await;
+            }
+        })
         .await;
     }
 }

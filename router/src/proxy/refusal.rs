@@ -87,9 +87,30 @@ pub(crate) fn host_changed_body(reason: &str, new: &str) -> String {
     format!("agent-sandbox: {reason}; open a new connection for {new}. Nothing was forwarded.\n")
 }
 
+/// Why a client at its connection cap is refused (logged).
+#[must_use]
+pub(crate) fn client_cap_reason(cap: u32) -> String {
+    format!("client holds its cap of {cap} connections (--max-connections-per-client)")
+}
+
+/// The response body for a client at its connection cap.
+#[must_use]
+pub(crate) fn client_cap_body(cap: u32) -> String {
+    format!(
+        "agent-sandbox: too many connections from this client: it already holds {cap}, the gateway's cap \
+         per client (--max-connections-per-client); nothing was forwarded. Close some and try again.\n"
+    )
+}
+
 /// The status and body when an allowed name could not be dialled.
 #[must_use]
 pub(crate) fn dial_response(name: &str, e: &DialError) -> (Status, String) {
+    if let DialError::WildcardBudget { .. } = e {
+        return (
+            Status::ServiceUnavailable,
+            format!("agent-sandbox: {e}; nothing was forwarded. Try again in a minute.\n"),
+        );
+    }
     if e.is_refusal() {
         (
             Status::Forbidden,
@@ -105,6 +126,11 @@ pub(crate) fn dial_response(name: &str, e: &DialError) -> (Status, String) {
 /// The alert for an allowed name that could not be dialled.
 #[must_use]
 pub(crate) fn dial_alert(e: &DialError) -> AlertDescription {
+    // A used-up budget is a transient limit, like a client at its connection cap (see the listener's
+    // module doc for why that is internal_error).
+    if let DialError::WildcardBudget { .. } = e {
+        return AlertDescription::InternalError;
+    }
     if e.is_refusal() {
         AlertDescription::AccessDenied
     } else {
@@ -217,6 +243,22 @@ mod tests {
             );
             assert!(body.contains("allowlist"), "{body}");
         }
+        // A client at its cap, and a used-up wildcard budget: 503s that say which flag bounds them.
+        assert!(
+            client_cap_body(4).contains("holds 4")
+                && client_cap_body(4).contains("--max-connections-per-client")
+        );
+        let budget = DialError::WildcardBudget {
+            name: agent_sandbox_shared::HostName::parse("x.wild.test").unwrap(),
+            per_minute: 7,
+        };
+        let (status, body) = dial_response("x.wild.test", &budget);
+        assert_eq!(status, Status::ServiceUnavailable);
+        assert!(
+            body.contains("7 lookups") && body.contains("--wildcard-lookups-per-minute"),
+            "{body}"
+        );
+        assert_eq!(dial_alert(&budget), AlertDescription::InternalError);
         // A 400 for a policy refusal is the malformed-request text.
         assert_eq!(
             none.policy_body(Status::BadRequest, "a", "b"),

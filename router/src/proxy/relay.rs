@@ -253,7 +253,6 @@ pub(crate) async fn relay(
 /// for `limit`; a relay `select!`s on it to close idle connections. It looks every quarter of `limit`,
 /// so it resolves between `limit` and 1.25 × `limit` after the last byte, and an active connection
 /// costs one timer wake-up per quarter: nothing per byte.
-#[allow(dead_code)] // TEMPORARY: wired into the connections with --idle-timeout (issue 13)
 pub(crate) async fn idle(up: &AtomicU64, down: &AtomicU64, limit: Duration) {
     let tick = (limit / 4).max(Duration::from_millis(10));
     let total = || {

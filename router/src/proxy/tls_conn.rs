@@ -4,6 +4,13 @@
 //! How it fits: the accept loop ([`super::listener`]) runs [`Proxy::handle_tls`] per connection; the
 //! hello is parsed by the pure [`HelloReader`](super::tls::HelloReader); refusals are answered with a
 //! TLS alert ([`super::refusal`]).
+//!
+//! Before splicing, the upstream's first bytes are read through
+//! [`ServerHelloWatch`](super::retry::ServerHelloWatch) (and passed on to the client): on a TLS 1.3
+//! HelloRetryRequest the client's second ClientHello is read through
+//! [`SecondHello`](super::retry::SecondHello) and must name the same server, without ECH, or the
+//! connection is closed. The common path pays one user-space read and write of the ServerHello's
+//! first segment; then the relay runs until both sides end or the idle timeout.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,19 +22,22 @@ use tracing::debug;
 
 use super::conn_log::ConnLog;
 use super::refusal::{self, refuse_tls};
-use super::relay::{self, read_some, write_all};
+use super::relay::{self, read_some, shutdown_write, write_all};
+use super::retry::{SecondHello, ServerFirst, ServerHelloWatch};
 use super::tls::{AlertDescription, HelloReader};
 use super::{show, Proxy, PEEK_READ};
+use crate::fairness::Counters;
 
 impl Proxy {
     /// One TLS connection.
     pub(super) async fn handle_tls(self: Arc<Self>, client: TcpStream, peer: SocketAddr) {
-        let log = ConnLog::new(peer, Kind::Tls);
+        let log = ConnLog::new(peer, Kind::Tls, self.coalesce);
         let rules = self.rules.load();
         let Some(reader) = self.read_hello(&client, &log).await else {
             return;
         };
         let sni = reader.sni();
+        let first_sni = sni.to_vec();
         let shown = show(sni);
         let decided = match std::str::from_utf8(sni) {
             Ok(s) => rules.policy.decide(s),
@@ -59,8 +69,93 @@ impl Proxy {
         }
         log.up(hello.len() as u64);
         drop(hello);
-        if let Err(error) = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down).await {
+        if !self.check_retry(&client, &upstream, first_sni, &log).await {
+            return;
+        }
+        let relaying = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down);
+        if let Some(Err(error)) = self.until_idle(&log, relaying).await {
             debug!(%error, "relay ended with an error");
+        }
+    }
+
+    /// Reads the upstream's first bytes until it is known whether they are a HelloRetryRequest, and
+    /// passes them to the client; after a retry, reads the client's second ClientHello and passes it on
+    /// only if it names `first_sni` and carries no ECH. Each read is bounded by the peek timeout.
+    /// `false`: the connection is over (logged).
+    async fn check_retry(
+        &self,
+        client: &TcpStream,
+        upstream: &TcpStream,
+        first_sni: Vec<u8>,
+        log: &ConnLog,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + self.peek_timeout;
+        let mut watch = ServerHelloWatch::new();
+        let mut buf = Vec::with_capacity(PEEK_READ);
+        let first = loop {
+            buf.clear();
+            match tokio::time::timeout_at(deadline, read_some(upstream, &mut buf, PEEK_READ)).await
+            {
+                Err(_) => {
+                    log.upstream_failed(
+                        &show(&first_sni),
+                        &"no answer to the ClientHello within the peek timeout",
+                    );
+                    return false;
+                }
+                // The upstream is done (or failed) before a decision: not a retry; the relay passes
+                // the end on.
+                Ok(Ok(0) | Err(_)) => break ServerFirst::Other,
+                Ok(Ok(_)) => {
+                    if let Some(first) = watch.push(&buf) {
+                        break first;
+                    }
+                }
+            }
+        };
+        let answer = watch.buffered();
+        if write_all(client, answer).await.is_err() {
+            return false;
+        }
+        log.down(answer.len() as u64);
+        if first == ServerFirst::Other {
+            return true;
+        }
+        let shown = show(&first_sni);
+        let deadline = tokio::time::Instant::now() + self.peek_timeout;
+        let mut second = SecondHello::new(first_sni);
+        loop {
+            buf.clear();
+            match tokio::time::timeout_at(deadline, read_some(client, &mut buf, PEEK_READ)).await {
+                Err(_) => {
+                    log.refuse(&shown, "peek timeout (second ClientHello)");
+                    shutdown_write(client);
+                    return false;
+                }
+                Ok(Ok(0) | Err(_)) => {
+                    log.set_decision(Decision::Closed);
+                    return false;
+                }
+                Ok(Ok(_)) => match second.push(&buf) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        let hello = second.buffered();
+                        if write_all(upstream, hello).await.is_err() {
+                            log.set_decision(Decision::UpstreamError);
+                            return false;
+                        }
+                        log.up(hello.len() as u64);
+                        return true;
+                    }
+                    Err(e) => {
+                        Counters::bump(&self.bounds.counters.retry_hello_refused);
+                        log.refuse(&shown, &e.to_string());
+                        // The upstream has seen only the first hello: nothing of the second reaches it.
+                        shutdown_write(client);
+                        return false;
+                    }
+                },
+            }
         }
     }
 

@@ -5,8 +5,9 @@
 //! every address it got, and connects to exactly the addresses that passed, one after the other, within
 //! the connect timeout. The name is resolved fully qualified (with a trailing dot), so a search domain
 //! such as podman's `dns.podman` is never appended, and only when a connection needs it, so names under
-//! a wildcard entry never reach the upstream resolver from DNS queries alone. hickory's cache honours the
-//! records' TTLs.
+//! a wildcard entry never reach the upstream resolver from DNS queries alone. The shared
+//! [`ResolveCache`] answers first (filled with hickory's answers until their TTL runs out); a name the
+//! cache cannot answer is resolved only if the caller's budget allows (the wildcard lookup budget).
 //!
 //! The address check is what defeats DNS rebinding: whatever an allowed name resolves to, the router never
 //! dials loopback, unspecified, link-local, multicast or broadcast addresses, nor any of its own addresses
@@ -27,6 +28,8 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpSocket, TcpStream};
+
+use super::cache::ResolveCache;
 
 /// How long the list of the router's own addresses is reused before it is read again.
 const OWN_ADDRESSES_TTL: Duration = Duration::from_secs(1);
@@ -56,6 +59,15 @@ pub enum DialError {
         /// Which rule it broke.
         why: &'static str,
     },
+    /// The name is allowed only under a wildcard entry, the resolver cache has no answer for it, and
+    /// the client has used its wildcard lookup budget: nothing was looked up.
+    #[error("{name} is allowed only through a wildcard entry and this client has used its {per_minute} lookups of such names this minute (--wildcard-lookups-per-minute)")]
+    WildcardBudget {
+        /// The name.
+        name: HostName,
+        /// The budget per client per minute.
+        per_minute: u32,
+    },
     /// Every address was tried and none connected in time.
     #[error("cannot connect to {name}: {attempts}")]
     Connect {
@@ -70,7 +82,10 @@ impl DialError {
     /// True when the failure is a policy refusal (logged as `refused`) rather than an upstream fault.
     #[must_use]
     pub fn is_refusal(&self) -> bool {
-        matches!(self, DialError::Forbidden { .. })
+        matches!(
+            self,
+            DialError::Forbidden { .. } | DialError::WildcardBudget { .. }
+        )
     }
 }
 
@@ -280,6 +295,8 @@ pub(crate) struct Upstream {
     own: OwnAddresses,
     /// Budget for resolving and connecting, together.
     connect_timeout: Duration,
+    /// Answers shared by every worker, asked before the resolver.
+    cache: Arc<ResolveCache>,
 }
 
 /// Socket options both legs get: no Nagle delay (the router adds no latency to small writes) and TCP
@@ -307,6 +324,7 @@ impl Upstream {
     pub(crate) fn new(
         resolvers: &[SocketAddr],
         connect_timeout: Duration,
+        cache: Arc<ResolveCache>,
     ) -> anyhow::Result<Upstream> {
         use anyhow::Context as _;
         let mut builder = if resolvers.is_empty() {
@@ -347,6 +365,7 @@ impl Upstream {
             own: OwnAddresses::new()
                 .map_err(|e| anyhow::anyhow!("cannot list local addresses: {e}"))?,
             connect_timeout,
+            cache,
         })
     }
 
@@ -355,27 +374,23 @@ impl Upstream {
         self.own.add_listener(ip);
     }
 
-    /// Resolves `name`, checks every address, and connects to `name:port`. Returns the stream and the
-    /// address it is connected to.
+    /// Resolves `name` (the cache first; on a miss, `may_resolve` decides whether the resolver may be
+    /// asked), checks every address, and connects to `name:port`. Returns the stream and the address it
+    /// is connected to.
     pub(crate) async fn connect(
         &self,
         name: &HostName,
         port: u16,
+        may_resolve: impl FnOnce() -> Result<(), DialError>,
     ) -> Result<(TcpStream, SocketAddr), DialError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let fqdn = format!("{}.", name.as_str());
-        let lookup =
-            match tokio::time::timeout_at(deadline, self.resolver.lookup_ip(fqdn.as_str())).await {
-                Err(_) => return Err(DialError::ResolveTimeout(name.clone())),
-                Ok(Err(e)) => {
-                    return Err(DialError::Resolve {
-                        name: name.clone(),
-                        message: e.to_string(),
-                    })
-                }
-                Ok(Ok(lookup)) => lookup,
-            };
-        let addrs: Vec<IpAddr> = lookup.iter().collect();
+        let addrs = match self.cache.get(name, Instant::now()) {
+            Some(addrs) => addrs,
+            None => {
+                may_resolve()?;
+                self.resolve(name, deadline).await?
+            }
+        };
         if addrs.is_empty() {
             return Err(DialError::Resolve {
                 name: name.clone(),
@@ -385,7 +400,7 @@ impl Upstream {
         // Every address is checked before any is dialled: one forbidden answer means the name is being
         // used for rebinding, and none of its addresses is trusted.
         let own = self.own.current();
-        for &ip in &addrs {
+        for &ip in addrs.iter() {
             if let Some(why) = forbidden_reason(ip, &own) {
                 return Err(DialError::Forbidden { addr: ip, why });
             }
@@ -411,6 +426,37 @@ impl Upstream {
             name: name.clone(),
             attempts: attempts.join("; "),
         })
+    }
+}
+
+impl Upstream {
+    /// Asks the resolver for `name`'s addresses within `deadline`, and keeps the answer in the cache
+    /// until its TTL runs out.
+    async fn resolve(
+        &self,
+        name: &HostName,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<[IpAddr]>, DialError> {
+        let fqdn = format!("{}.", name.as_str());
+        let lookup =
+            match tokio::time::timeout_at(deadline, self.resolver.lookup_ip(fqdn.as_str())).await {
+                Err(_) => return Err(DialError::ResolveTimeout(name.clone())),
+                Ok(Err(e)) => {
+                    return Err(DialError::Resolve {
+                        name: name.clone(),
+                        message: e.to_string(),
+                    })
+                }
+                Ok(Ok(lookup)) => lookup,
+            };
+        let addrs: Arc<[IpAddr]> = lookup.iter().collect();
+        self.cache.insert(
+            name.clone(),
+            Arc::clone(&addrs),
+            lookup.valid_until(),
+            Instant::now(),
+        );
+        Ok(addrs)
     }
 }
 

@@ -60,12 +60,14 @@ impl TestRouter {
     /// Validates the settings as a router configuration and serves it with `dns` as the resolver.
     pub async fn start(settings: Settings, dns: &TestDns) -> TestRouter {
         let mut toml = format!(
-            "hosts = {:?}\nsubdomains = {:?}\nresolvers = [\"{}\"]\npeek_timeout_secs = {}\nconnect_timeout_secs = {}\nmax_connections = {}\n",
+            "hosts = {:?}\nsubdomains = {:?}\nresolvers = [\"{}\"]\npeek_timeout_secs = {}\nconnect_timeout_secs = {}\nmax_connections = {}\nmax_connections_per_client = {}\n",
             settings.hosts,
             settings.subdomains,
             dns.addr,
             settings.peek_timeout_secs,
             settings.connect_timeout_secs,
+            settings.max_connections,
+            // Every test client is 127.0.0.1: the per-client cap is tested with the real binary.
             settings.max_connections
         );
         toml.push_str("[listen]\nhttp = \"127.0.0.1:0\"\nhttps = \"127.0.0.1:0\"\n");

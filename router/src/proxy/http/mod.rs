@@ -149,6 +149,9 @@ pub enum Status {
     HeaderTooLarge,
     /// 502: the upstream could not be reached.
     BadGateway,
+    /// 503: a per-client bound of the gateway (connections held, wildcard lookups) turned the
+    /// connection away; trying again later can succeed.
+    ServiceUnavailable,
 }
 
 impl Status {
@@ -162,6 +165,7 @@ impl Status {
             Status::RequestTimeout => "408 Request Timeout",
             Status::HeaderTooLarge => "431 Request Header Fields Too Large",
             Status::BadGateway => "502 Bad Gateway",
+            Status::ServiceUnavailable => "503 Service Unavailable",
         }
     }
 }
