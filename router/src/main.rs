@@ -76,12 +76,16 @@ fn control(cli: &Cli) -> anyhow::Result<Control> {
         None => None,
     };
     let again = cli.clone();
+    // Errors become their message alone: the parsers' messages already carry their causes (file, line,
+    // the I/O error), and the reload log prints each line of it once.
     let reload: agent_sandbox_router::reload::Source = Box::new(move || {
-        let built = again.build_config_for_reload()?;
+        let built = again
+            .build_config_for_reload()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         for w in &built.warnings {
             warn!("allowlist: {w}");
         }
-        Ok(built.config.validate()?)
+        built.config.validate().map_err(|e| anyhow::anyhow!("{e}"))
     });
     Ok(Control {
         drain_for: Duration::from_secs(cli.drain_seconds),
