@@ -436,3 +436,95 @@ fn connection_and_dns_counters_are_exact() {
     drop(gw);
     drop(dir);
 }
+
+/// The bounds count by reason: a client over `--max-connections-per-client` is a refused connection and
+/// a `per_client_limit` refusal; a client that sends nothing within the peek timeout is a failed
+/// connection and a `client_timeout` close.
+#[test]
+fn bounds_are_counted_by_reason() {
+    if !lab::require_netns() {
+        return;
+    }
+    let lab = Lab::new(1);
+    let dns = Dns::start(&lab);
+    let dir = TempDir::new("admin-bounds");
+    let list = dir.0.join("allowed-hosts");
+    std::fs::write(&list, "a.test\n").unwrap();
+    let gw = Gateway::start(
+        &lab,
+        &dns,
+        &list,
+        &["--max-connections-per-client", "1", "--peek-timeout", "1"],
+    );
+    // Holds the client's one slot, sending nothing.
+    let mut held = gw.connect(gw.http).unwrap();
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    // The held connection is counted open once the router has accepted it.
+    while gw.metric(
+        "agent_sandbox_router_connections_open",
+        &[("listener", "http")],
+    ) != Some(1.0)
+    {
+        assert!(std::time::Instant::now() < deadline, "never open");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let reply = gw.http_get("a.test");
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    // The held one times out (408) and is closed by the router.
+    let answer = String::from_utf8_lossy(&gateway::read_to_close(&mut held)).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    drop(held);
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    let body = loop {
+        let (_, body) = gw.admin("GET", "/metrics");
+        let failed = gateway::sample(
+            &body,
+            "agent_sandbox_router_connections_total",
+            &[("listener", "http"), ("decision", "failed")],
+        );
+        // The connection is counted when its log ends, and leaves the open gauge just after.
+        let open = gateway::sample(
+            &body,
+            "agent_sandbox_router_connections_open",
+            &[("listener", "http")],
+        );
+        if (failed == Some(1.0) && open == Some(0.0)) || std::time::Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let value = |name: &str, labels: &[(&str, &str)]| gateway::sample(&body, name, labels);
+    for (d, n) in [("allowed", 0.0), ("refused", 1.0), ("failed", 1.0)] {
+        assert_eq!(
+            value(
+                "agent_sandbox_router_connections_total",
+                &[("listener", "http"), ("decision", d)]
+            ),
+            Some(n),
+            "{d}\n{body}"
+        );
+    }
+    assert_eq!(
+        value(
+            "agent_sandbox_router_refusals_total",
+            &[("reason", "per_client_limit")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "agent_sandbox_router_connections_closed_total",
+            &[("reason", "client_timeout")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "agent_sandbox_router_connections_open",
+            &[("listener", "http")]
+        ),
+        Some(0.0)
+    );
+    drop(gw);
+    drop(dir);
+}
