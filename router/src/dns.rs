@@ -8,7 +8,6 @@
 //! answering needs no I/O beyond the reply.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use agent_sandbox_shared::logs::Kind;
@@ -18,30 +17,7 @@ use tracing::debug;
 
 use crate::coalesce;
 use crate::live::LiveRules;
-
-/// Counters of what DNS did, over every worker: summed up in the log at exit, and what a metrics
-/// endpoint will read.
-#[derive(Debug, Default)]
-pub struct DnsStats {
-    /// Allowlisted names answered (with an address or NODATA).
-    pub answered: AtomicU64,
-    /// Names refused with NXDOMAIN.
-    pub refused: AtomicU64,
-    /// Queries rejected as malformed (FORMERR), not a query, or not class IN.
-    pub rejected: AtomicU64,
-}
-
-impl DnsStats {
-    /// (answered, refused, rejected) so far.
-    #[must_use]
-    pub fn totals(&self) -> (u64, u64, u64) {
-        (
-            self.answered.load(Ordering::Relaxed),
-            self.refused.load(Ordering::Relaxed),
-            self.rejected.load(Ordering::Relaxed),
-        )
-    }
-}
+use crate::metrics::{DnsResult, Metrics};
 
 /// The DNS request handler.
 #[derive(Debug)]
@@ -49,15 +25,15 @@ pub struct DnsHandler {
     /// The same rules the proxy decides on (a name that resolves is a name that connects); one snapshot
     /// per query.
     rules: LiveRules,
-    /// Counters.
-    stats: Arc<DnsStats>,
+    /// Where each query is counted, by result (one relaxed add; the exit log and `/metrics` read it).
+    metrics: Arc<Metrics>,
 }
 
 impl DnsHandler {
-    /// A handler deciding on `rules` and counting into `stats`.
+    /// A handler deciding on `rules` and counting into `metrics`.
     #[must_use]
-    pub fn new(rules: LiveRules, stats: Arc<DnsStats>) -> DnsHandler {
-        DnsHandler { rules, stats }
+    pub fn new(rules: LiveRules, metrics: Arc<Metrics>) -> DnsHandler {
+        DnsHandler { rules, metrics }
     }
 }
 
@@ -85,7 +61,7 @@ impl DnsHandler {
         // Logged like the TLS and HTTP refusals: without the root's trailing dot, escaped.
         let logged = asked.strip_suffix('.').unwrap_or(asked);
         if qclass != DNSClass::IN {
-            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            self.metrics.dns_query(DnsResult::Rejected);
             let reason = format!("not class IN (class {qclass})");
             let name = logged.escape_debug().to_string();
             let qtype = qtype.to_string();
@@ -95,7 +71,7 @@ impl DnsHandler {
         let rules = self.rules.load();
         match rules.policy.decide(asked) {
             Ok(name) => {
-                self.stats.answered.fetch_add(1, Ordering::Relaxed);
+                self.metrics.dns_query(DnsResult::Answered);
                 debug!(name = %name, qtype = %qtype, client = %client, "answered");
                 if qtype == RecordType::A {
                     Reply::Address(rules.answers.for_name(&name), rules.answers.ttl.get())
@@ -104,7 +80,7 @@ impl DnsHandler {
                 }
             }
             Err(refusal) => {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.dns_query(DnsResult::Refused);
                 let name = logged.escape_debug().to_string();
                 let qtype = qtype.to_string();
                 coalesce::refused(Kind::Dns, client, &name, &refusal.to_string(), Some(&qtype));
@@ -113,9 +89,15 @@ impl DnsHandler {
         }
     }
 
+    /// Where this handler counts (shared with the rest of the router).
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Counts and logs a request that is not one standard question.
     pub(crate) fn reject(&self, client: SocketAddr, why: &str) {
-        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+        self.metrics.dns_query(DnsResult::Rejected);
         debug!(%client, why, "malformed DNS request");
     }
 }

@@ -122,7 +122,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::dns::DnsStats;
+    use crate::metrics::Metrics;
 
     fn handler() -> DnsHandler {
         let list = Allowlist::parse("a.example\n", "test").unwrap();
@@ -131,7 +131,7 @@ mod tests {
             .unwrap();
         DnsHandler::new(
             crate::live::Live::new(config.rules.clone()),
-            Arc::new(DnsStats::default()),
+            Arc::new(Metrics::new()),
         )
     }
 

@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_shared::config::Limits;
 use tokio::sync::Semaphore;
 
+use crate::metrics::Metrics;
 use crate::proxy::cache::ResolveCache;
 
 /// Refusals of clients at their cap answered with a short linger at once (the rest are closed
@@ -24,7 +24,8 @@ use crate::proxy::cache::ResolveCache;
 const LINGERING_REFUSALS: usize = 256;
 
 /// Everything every worker shares to keep clients apart: the global connection cap, the per-client
-/// slots, the wildcard lookup budget, the resolver cache, and the counters. Cloning shares.
+/// slots, the wildcard lookup budget, the resolver cache, and the metrics (where what the bounds did is
+/// counted: refusals by reason, idle closes, wildcard lookups). Cloning shares.
 #[derive(Clone, Debug)]
 pub struct Bounds {
     /// The cap on connections handled at once, over all workers and listeners; more wait in the
@@ -36,8 +37,8 @@ pub struct Bounds {
     pub budget: Arc<WildcardBudget>,
     /// Resolved addresses by name, in front of the resolver; what the budget counts past.
     pub cache: Arc<ResolveCache>,
-    /// What the bounds did, for the log and a metrics endpoint.
-    pub counters: Arc<Counters>,
+    /// Every counter of the router (the bounds count their refusals and closes here, once).
+    pub metrics: Arc<Metrics>,
     /// Over-cap refusals that may linger at once (see [`LINGERING_REFUSALS`]).
     pub lingering: Arc<Semaphore>,
     /// The per-client cap, for the texts refused clients see.
@@ -47,9 +48,15 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// Fresh bounds for `limits`.
+    /// Fresh bounds for `limits`, counting into metrics of their own.
     #[must_use]
     pub fn new(limits: &Limits) -> Bounds {
+        Bounds::with_metrics(limits, Arc::new(Metrics::new()))
+    }
+
+    /// Fresh bounds for `limits`, counting into `metrics` (shared with the admin endpoint).
+    #[must_use]
+    pub fn with_metrics(limits: &Limits, metrics: Arc<Metrics>) -> Bounds {
         let per_client = u32::try_from(limits.max_connections_per_client.get()).unwrap_or(u32::MAX);
         let wildcard_per_minute = limits.wildcard_lookups_per_minute.get();
         Bounds {
@@ -57,47 +64,11 @@ impl Bounds {
             slots: ClientSlots::new(per_client),
             budget: WildcardBudget::new(wildcard_per_minute),
             cache: Arc::new(ResolveCache::default()),
-            counters: Arc::new(Counters::default()),
+            metrics,
             lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
             per_client,
             wildcard_per_minute,
         }
-    }
-}
-
-/// What the fairness bounds did, over every worker: one place for a metrics endpoint to read.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// New connections closed at once because their client held its cap of connections (every
-    /// listener, DNS over TCP included).
-    pub client_cap_refused: AtomicU64,
-    /// Connections refused because their client had used its wildcard lookup budget.
-    pub wildcard_budget_refused: AtomicU64,
-    /// Lookups of names under wildcard entries that spent a unit of a client's budget (cache misses).
-    pub wildcard_lookups: AtomicU64,
-    /// Relays and kept-alive HTTP connections closed by the idle timeout.
-    pub idle_closed: AtomicU64,
-    /// TLS connections closed because the second ClientHello after a HelloRetryRequest was refused.
-    pub retry_hello_refused: AtomicU64,
-}
-
-impl Counters {
-    /// Adds one to `counter`.
-    pub fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// (client cap, wildcard budget refusals, wildcard lookups, idle closes, retry hello refusals).
-    #[must_use]
-    pub fn totals(&self) -> (u64, u64, u64, u64, u64) {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        (
-            get(&self.client_cap_refused),
-            get(&self.wildcard_budget_refused),
-            get(&self.wildcard_lookups),
-            get(&self.idle_closed),
-            get(&self.retry_hello_refused),
-        )
     }
 }
 

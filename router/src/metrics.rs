@@ -99,6 +99,20 @@ label_enum! {
     }
 }
 
+impl Listener {
+    /// The listener kind a connection log's `listener` field names.
+    #[must_use]
+    pub const fn of(kind: agent_sandbox_shared::logs::Kind) -> Listener {
+        use agent_sandbox_shared::logs::Kind;
+        match kind {
+            Kind::Dns => Listener::DnsTcp,
+            Kind::Http => Listener::Http,
+            Kind::Tls => Listener::Https,
+            Kind::Forward => Listener::Forward,
+        }
+    }
+}
+
 label_enum! {
     /// What became of a new connection (`connections_total{decision}`).
     Decision {
@@ -233,6 +247,9 @@ pub struct Metrics {
     last_reload_success_ms: AtomicU64,
     /// Entries in the policy in force.
     allowlist_entries: AtomicU64,
+    /// Lookups of names under wildcard entries that spent a unit of a client's budget (resolver cache
+    /// misses). Not exposed (the refusals past the budget are); summed up in the log at exit.
+    wildcard_lookups: AtomicU64,
     /// Unix time in milliseconds when this `Metrics` was created (process start, for uptime graphs).
     start_ms: u64,
 }
@@ -265,6 +282,7 @@ impl Metrics {
             reloads: zeroed(),
             last_reload_success_ms: AtomicU64::new(0),
             allowlist_entries: AtomicU64::new(0),
+            wildcard_lookups: AtomicU64::new(0),
             start_ms: now_ms(),
         }
     }
@@ -289,6 +307,11 @@ impl Metrics {
         self.closes.0[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `count` connections the router closed at once, by why (the end of a drain).
+    pub fn closed_many(&self, reason: CloseReason, count: u64) {
+        self.closes.0[reason.index()].fetch_add(count, Ordering::Relaxed);
+    }
+
     /// Counts relayed bytes. Call it per read, or once per direction when the relay ends.
     pub fn bytes(&self, direction: Direction, count: u64) {
         self.bytes.0[direction.index()].fetch_add(count, Ordering::Relaxed);
@@ -297,6 +320,35 @@ impl Metrics {
     /// Records how long a successful upstream connect took.
     pub fn upstream_connect(&self, took: Duration) {
         self.upstream_connect.0.observe(took);
+    }
+
+    /// Counts a lookup under a wildcard entry that spent a unit of its client's budget.
+    pub fn wildcard_lookup(&self) {
+        self.wildcard_lookups.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// DNS queries so far with `result`.
+    #[must_use]
+    pub fn dns_queries(&self, result: DnsResult) -> u64 {
+        self.dns_queries.0[result.index()].load(Ordering::Relaxed)
+    }
+
+    /// Refusals so far for `reason`.
+    #[must_use]
+    pub fn refusals(&self, reason: RefusalReason) -> u64 {
+        self.refusals.0[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// Router-initiated closes so far for `reason`.
+    #[must_use]
+    pub fn closes(&self, reason: CloseReason) -> u64 {
+        self.closes.0[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// Wildcard lookups that spent budget so far (see [`Metrics::wildcard_lookup`]).
+    #[must_use]
+    pub fn wildcard_lookups(&self) -> u64 {
+        self.wildcard_lookups.load(Ordering::Relaxed)
     }
 
     /// Counts a connection as open on `listener` until the returned guard is dropped, so every path out

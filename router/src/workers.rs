@@ -31,10 +31,9 @@ use tracing::{info, warn};
 
 use crate::admin::AdminState;
 use crate::bind::{Listeners, WorkerSockets};
-use crate::dns::DnsStats;
 use crate::fairness::Bounds;
 use crate::live::{Live, LiveRules};
-use crate::metrics::Metrics;
+use crate::metrics::{CloseReason, DnsResult, Metrics, RefusalReason};
 use crate::proxy::Stop;
 use crate::reload::{Reloader, Source};
 use crate::watch::AllowlistWatch;
@@ -129,12 +128,10 @@ pub(crate) enum Command {
 struct Shared {
     /// The policy and answers; one snapshot per DNS query and per new connection.
     rules: LiveRules,
-    /// DNS counters over all workers.
-    stats: Arc<DnsStats>,
-    /// The connection caps (global and per client), the wildcard budget, the resolver cache, and
-    /// their counters.
+    /// The connection caps (global and per client), the wildcard budget and the resolver cache; they
+    /// count into `metrics`.
     bounds: Bounds,
-    /// Every counter the admin endpoint exposes.
+    /// Every counter the admin endpoint exposes and the exit log sums up (DNS, connections, bounds).
     metrics: Arc<Metrics>,
     /// Cancelled: stop everything now.
     shutdown: CancellationToken,
@@ -171,8 +168,7 @@ pub fn run(
         .collect();
     let shared = Shared {
         rules: Live::new(config.rules.clone()),
-        stats: Arc::new(DnsStats::default()),
-        bounds: Bounds::new(&config.limits),
+        bounds: Bounds::with_metrics(&config.limits, Arc::clone(&metrics)),
         metrics,
         shutdown: shutdown.clone(),
         drain: drain.clone(),
@@ -184,8 +180,7 @@ pub fn run(
         drains: !control.drain_for.is_zero(),
         reload: Arc::new(Notify::new()),
     };
-    let stats = Arc::clone(&shared.stats);
-    let counters = Arc::clone(&shared.bounds.counters);
+    let metrics = Arc::clone(&shared.metrics);
     let mut sets = sets.into_iter();
     let first = sets.next().context("no worker sockets were bound")?;
     let mut senders = Vec::new();
@@ -287,13 +282,18 @@ pub fn run(
             outcome = result;
         }
     }
-    let (answered, refused, rejected) = stats.totals();
+    let answered = metrics.dns_queries(DnsResult::Answered);
+    let refused = metrics.dns_queries(DnsResult::Refused);
+    let rejected = metrics.dns_queries(DnsResult::Rejected);
     info!(answered, refused, rejected, "DNS queries served");
-    let (client_cap, wildcard_refused, wildcard_lookups, idle_closed, retry_refused) =
-        counters.totals();
+    let client_cap = metrics.refusals(RefusalReason::PerClientLimit);
+    let wildcard_refused = metrics.refusals(RefusalReason::WildcardLookupLimit);
+    let wildcard_lookups = metrics.wildcard_lookups();
+    let idle_closed = metrics.closes(CloseReason::IdleTimeout);
+    let bad_hello = metrics.refusals(RefusalReason::BadHello);
     info!(
         client_cap,
-        wildcard_refused, wildcard_lookups, idle_closed, retry_refused, "fairness bounds"
+        wildcard_refused, wildcard_lookups, idle_closed, bad_hello, "fairness bounds"
     );
     if outcome.is_ok() && not_ready.load(Ordering::Relaxed) {
         outcome = Err(anyhow::anyhow!(
@@ -407,8 +407,13 @@ async fn drain_then_stop(
             break;
         }
         if tokio::time::Instant::now() >= deadline {
+            let left = open(&limit);
+            admin.metrics.closed_many(
+                CloseReason::DrainDeadline,
+                u64::try_from(left).unwrap_or(u64::MAX),
+            );
             warn!(
-                open = open(&limit),
+                open = left,
                 "drain time is up: closing the connections still open"
             );
             break;
@@ -481,7 +486,10 @@ async fn run_worker(
     let mut tasks = JoinSet::new();
     tasks.spawn(coalesce::flush_task(shutdown.child_token()));
 
-    let handler = Arc::new(dns::DnsHandler::new(shared.rules, shared.stats));
+    let handler = Arc::new(dns::DnsHandler::new(
+        shared.rules,
+        Arc::clone(&shared.metrics),
+    ));
     for udp in listeners.dns_udp {
         // DNS over UDP answers through a drain: it holds no connection, and clients may still be
         // pointed here until their configuration catches up.

@@ -6,10 +6,11 @@ mod gateway;
 mod lab;
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr};
 
 use gateway::{Gateway, TempDir};
-use lab::{Dns, DnsBehaviour, Lab};
+use lab::{Dns, DnsBehaviour, Lab, Upstream};
 
 /// Fields drop in order: the router goes before its namespace and files.
 struct Fixture {
@@ -182,4 +183,348 @@ fn client_listeners_never_serve_the_admin_endpoint() {
         );
     }
     let _ = &f.lab;
+}
+
+/// A TLS ClientHello naming `sni`, as rustls sends it.
+fn client_hello(sni: &str) -> Vec<u8> {
+    let pki = agent_sandbox_testkit::pki::Pki::new(&["unused.test"]);
+    let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
+    let mut conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(pki.client_config()), name).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    hello
+}
+
+/// One A query over DNS-over-TCP on `s`; the response code.
+fn tcp_query(s: &mut std::net::TcpStream, name: &str) -> hickory_proto::op::ResponseCode {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut q = Message::new(7, MessageType::Query, OpCode::Query);
+    q.add_query(Query::query(
+        Name::from_ascii(format!("{name}.")).unwrap(),
+        RecordType::A,
+    ));
+    let bytes = q.to_vec().unwrap();
+    let mut framed = u16::try_from(bytes.len()).unwrap().to_be_bytes().to_vec();
+    framed.extend_from_slice(&bytes);
+    s.write_all(&framed).unwrap();
+    let len = gateway::read_n(s, 2);
+    let reply = gateway::read_n(s, usize::from(u16::from_be_bytes([len[0], len[1]])));
+    Message::from_vec(&reply).unwrap().metadata.response_code
+}
+
+/// After a known mix of DNS queries and HTTP, TLS and DNS-over-TCP connections (allowed, refused by
+/// name and by address, a failed dial), every counter on the connection and DNS paths has exactly the
+/// expected value, the open gauges are back at 0, the bytes cover what was sent, and the connect
+/// histogram counted each successful dial once.
+#[test]
+fn connection_and_dns_counters_are_exact() {
+    use hickory_proto::op::ResponseCode;
+    if !lab::require_netns() {
+        return;
+    }
+    let lab = Lab::new(2);
+    let dns = Dns::start(&lab);
+    let dir = TempDir::new("admin-counts");
+    let list = dir.0.join("allowed-hosts");
+    std::fs::write(&list, "a.test\ndown.test\nloop.test\n").unwrap();
+    let (up, down_ip) = (lab.upstream_ips[0], lab.upstream_ips[1]);
+    dns.set("a.test", DnsBehaviour::A(up));
+    // Nothing listens there: the dial is refused by U's kernel at once.
+    dns.set("down.test", DnsBehaviour::A(down_ip));
+    dns.set("loop.test", DnsBehaviour::A(Ipv4Addr::LOCALHOST));
+    const RESPONSE: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+    let _http = Upstream::start(&lab, SocketAddr::from((up, 80)), |mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let _ = s.write_all(RESPONSE);
+    });
+    // A TLS "server" that answers any hello with an alert record: not a retry, so the router relays.
+    const ALERT: &[u8] = &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28];
+    let _tls = Upstream::start(&lab, SocketAddr::from((up, 443)), |mut s| {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+        let _ = s.write_all(ALERT);
+    });
+    let gw = Gateway::start(&lab, &dns, &list, &[]);
+    let dns_tcp = gw
+        .wait_for(gateway::PATIENCE, |lines| {
+            lines
+                .iter()
+                .filter_map(|l| gateway::message(l))
+                .find_map(|m| {
+                    gateway::listening(&m).and_then(|(a, p)| (p == "dns/tcp").then_some(a))
+                })
+        })
+        .expect("a dns/tcp listener");
+    let metrics = || {
+        let (status, body) = gw.admin("GET", "/metrics");
+        assert_eq!(status, 200);
+        body
+    };
+    let before = metrics();
+    let bytes = |body: &str, d: &str| {
+        gateway::sample(
+            body,
+            "agent_sandbox_router_bytes_total",
+            &[("direction", d)],
+        )
+        .unwrap()
+    };
+
+    // DNS: two answered and two refused over UDP, one answered over TCP.
+    assert_eq!(gw.query("a.test").0, ResponseCode::NoError);
+    assert_eq!(gw.query("down.test").0, ResponseCode::NoError);
+    assert_eq!(gw.query("other.test").0, ResponseCode::NXDomain);
+    assert_eq!(gw.query("another.test").0, ResponseCode::NXDomain);
+    let mut t = gw.connect(dns_tcp).unwrap();
+    assert_eq!(tcp_query(&mut t, "a.test"), ResponseCode::NoError);
+    drop(t);
+
+    // HTTP: allowed, not allowed, refused address, failed dial.
+    let mut sent_up = 0usize;
+    let mut sent_down = 0usize;
+    for (host, want) in [
+        ("a.test", "200"),
+        ("other.test", "403"),
+        ("loop.test", ""),
+        ("down.test", "502"),
+    ] {
+        let reply = gw.http_get(host);
+        let status = reply.split(' ').nth(1).unwrap_or_default();
+        if want.is_empty() {
+            assert!(
+                status.starts_with('4') || status.starts_with('5'),
+                "{reply}"
+            );
+        } else {
+            assert_eq!(status, want, "{host}: {reply}");
+        }
+        if host == "a.test" {
+            sent_up += format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").len();
+            sent_down += RESPONSE.len();
+            assert!(reply.ends_with("hello"), "{reply}");
+        }
+    }
+
+    // TLS: allowed (relayed to the upstream's alert), and not allowed.
+    let hello = client_hello("a.test");
+    let mut s = gw.connect(gw.https).unwrap();
+    s.write_all(&hello).unwrap();
+    assert_eq!(gateway::read_to_close(&mut s), ALERT);
+    sent_up += hello.len();
+    sent_down += ALERT.len();
+    // The relay waits for the client's end too: close it, as a finished client would.
+    drop(s);
+    let mut s = gw.connect(gw.https).unwrap();
+    s.write_all(&client_hello("other.test")).unwrap();
+    let answer = gateway::read_to_close(&mut s);
+    assert_eq!(answer.first(), Some(&0x15), "an alert: {answer:?}");
+    drop(s);
+
+    // Connections are counted when they end: wait until none is open and the totals are in.
+    let connections = |body: &str, l: &str, d: &str| {
+        gateway::sample(
+            body,
+            "agent_sandbox_router_connections_total",
+            &[("listener", l), ("decision", d)],
+        )
+        .unwrap()
+    };
+    let open = |body: &str, l: &str| {
+        gateway::sample(
+            body,
+            "agent_sandbox_router_connections_open",
+            &[("listener", l)],
+        )
+        .unwrap()
+    };
+    let listeners = ["http", "https", "forward", "dns_tcp"];
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    let body = loop {
+        let body = metrics();
+        let total: f64 = listeners
+            .iter()
+            .flat_map(|l| ["allowed", "refused", "failed"].map(|d| connections(&body, l, d)))
+            .sum();
+        let opened: f64 = listeners.iter().map(|l| open(&body, l)).sum();
+        if (total >= 7.0 && opened == 0.0) || std::time::Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    for l in listeners {
+        assert_eq!(
+            open(&body, l),
+            0.0,
+            "connections_open{{listener=\"{l}\"}}\n{body}"
+        );
+    }
+    for (l, d, n) in [
+        ("http", "allowed", 1.0),
+        ("http", "refused", 2.0),
+        ("http", "failed", 1.0),
+        ("https", "allowed", 1.0),
+        ("https", "refused", 1.0),
+        ("https", "failed", 0.0),
+        ("dns_tcp", "allowed", 1.0),
+        ("dns_tcp", "refused", 0.0),
+        ("dns_tcp", "failed", 0.0),
+        ("forward", "allowed", 0.0),
+        ("forward", "refused", 0.0),
+        ("forward", "failed", 0.0),
+    ] {
+        assert_eq!(
+            connections(&body, l, d),
+            n,
+            "connections_total{{{l},{d}}}\n{body}"
+        );
+    }
+    for (r, n) in [("answered", 3.0), ("refused", 2.0), ("rejected", 0.0)] {
+        assert_eq!(
+            gateway::sample(
+                &body,
+                "agent_sandbox_router_dns_queries_total",
+                &[("result", r)]
+            ),
+            Some(n),
+            "dns_queries_total{{result=\"{r}\"}}"
+        );
+    }
+    for (r, n) in [
+        ("not_allowed", 2.0),
+        ("refused_address", 1.0),
+        ("per_client_limit", 0.0),
+        ("wildcard_lookup_limit", 0.0),
+        ("bad_hello", 0.0),
+        ("bad_request", 0.0),
+    ] {
+        assert_eq!(
+            gateway::sample(
+                &body,
+                "agent_sandbox_router_refusals_total",
+                &[("reason", r)]
+            ),
+            Some(n),
+            "refusals_total{{reason=\"{r}\"}}"
+        );
+    }
+    let grew = |d: &str| bytes(&body, d) - bytes(&before, d);
+    assert!(
+        grew("upstream") >= sent_up as f64,
+        "{} < {sent_up}",
+        grew("upstream")
+    );
+    assert!(
+        grew("downstream") >= sent_down as f64,
+        "{} < {sent_down}",
+        grew("downstream")
+    );
+    // The two successful dials (HTTP and TLS to a.test), and nothing for the failed or refused ones.
+    let count = body
+        .lines()
+        .find_map(|l| l.strip_prefix("agent_sandbox_router_upstream_connect_seconds_count "))
+        .expect("the histogram's _count");
+    assert_eq!(count, "2", "{body}");
+    // No label carries a name a client chose.
+    assert!(
+        !body.contains("other.test") && !body.contains("a.test"),
+        "{body}"
+    );
+    drop(gw);
+    drop(dir);
+}
+
+/// The bounds count by reason: a client over `--max-connections-per-client` is a refused connection and
+/// a `per_client_limit` refusal; a client that sends nothing within the peek timeout is a failed
+/// connection and a `client_timeout` close.
+#[test]
+fn bounds_are_counted_by_reason() {
+    if !lab::require_netns() {
+        return;
+    }
+    let lab = Lab::new(1);
+    let dns = Dns::start(&lab);
+    let dir = TempDir::new("admin-bounds");
+    let list = dir.0.join("allowed-hosts");
+    std::fs::write(&list, "a.test\n").unwrap();
+    let gw = Gateway::start(
+        &lab,
+        &dns,
+        &list,
+        &["--max-connections-per-client", "1", "--peek-timeout", "1"],
+    );
+    // Holds the client's one slot, sending nothing.
+    let mut held = gw.connect(gw.http).unwrap();
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    // The held connection is counted open once the router has accepted it.
+    while gw.metric(
+        "agent_sandbox_router_connections_open",
+        &[("listener", "http")],
+    ) != Some(1.0)
+    {
+        assert!(std::time::Instant::now() < deadline, "never open");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let reply = gw.http_get("a.test");
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    // The held one times out (408) and is closed by the router.
+    let answer = String::from_utf8_lossy(&gateway::read_to_close(&mut held)).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    drop(held);
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    let body = loop {
+        let (_, body) = gw.admin("GET", "/metrics");
+        let failed = gateway::sample(
+            &body,
+            "agent_sandbox_router_connections_total",
+            &[("listener", "http"), ("decision", "failed")],
+        );
+        // The connection is counted when its log ends, and leaves the open gauge just after.
+        let open = gateway::sample(
+            &body,
+            "agent_sandbox_router_connections_open",
+            &[("listener", "http")],
+        );
+        if (failed == Some(1.0) && open == Some(0.0)) || std::time::Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let value = |name: &str, labels: &[(&str, &str)]| gateway::sample(&body, name, labels);
+    for (d, n) in [("allowed", 0.0), ("refused", 1.0), ("failed", 1.0)] {
+        assert_eq!(
+            value(
+                "agent_sandbox_router_connections_total",
+                &[("listener", "http"), ("decision", d)]
+            ),
+            Some(n),
+            "{d}\n{body}"
+        );
+    }
+    assert_eq!(
+        value(
+            "agent_sandbox_router_refusals_total",
+            &[("reason", "per_client_limit")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "agent_sandbox_router_connections_closed_total",
+            &[("reason", "client_timeout")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "agent_sandbox_router_connections_open",
+            &[("listener", "http")]
+        ),
+        Some(0.0)
+    );
+    drop(gw);
+    drop(dir);
 }

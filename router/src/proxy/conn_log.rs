@@ -5,10 +5,15 @@
 //! connection goes (name, [`Decision`], upstream, bytes); dropping it — however the connection ends,
 //! cancellation included — writes the `connection` event. Event messages and field names are the
 //! contract in [`agent_sandbox_shared::logs`], which the launcher's report and the tests read.
+//!
+//! The same drop counts the connection in the [`Metrics`]: its listener and final decision, and its
+//! bytes in each direction (one add per direction per connection, not per read). Refusals are counted
+//! by reason when they happen; a client that sent nothing usable in time counts as failed, not refused
+//! (the log still says refused, with the reason).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use agent_sandbox_shared::logs::{self, Decision, Kind};
@@ -16,6 +21,7 @@ use tracing::{info, warn};
 
 use super::upstream::DialError;
 use crate::coalesce;
+use crate::metrics::{self, CloseReason, Direction, Listener, Metrics, RefusalReason};
 
 /// One connection's log line, written when the connection ends (however it ends).
 #[derive(Debug)]
@@ -39,12 +45,22 @@ pub(crate) struct ConnLog {
     /// Whether refusals go through the worker's coalescer (the router) or are logged one line each
     /// (an in-process test proxy, whose tests match each refusal to its connection).
     coalesce: bool,
+    /// The client sent nothing usable in time (or closed mid-hello/head): counted as failed, whatever
+    /// the log's decision says.
+    client_failed: AtomicBool,
+    /// Where the connection, its refusal reason and its bytes are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl ConnLog {
     /// A log for a connection just accepted; [`Decision::Cancelled`] until something else is decided.
     #[must_use]
-    pub(crate) fn new(client: SocketAddr, kind: Kind, coalesce: bool) -> ConnLog {
+    pub(crate) fn new(
+        client: SocketAddr,
+        kind: Kind,
+        coalesce: bool,
+        metrics: Arc<Metrics>,
+    ) -> ConnLog {
         ConnLog {
             client,
             kind,
@@ -55,6 +71,8 @@ impl ConnLog {
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
             coalesce,
+            client_failed: AtomicBool::new(false),
+            metrics,
         }
     }
 
@@ -83,9 +101,25 @@ impl ConnLog {
         self.bytes_down.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Logs a refusal (the `refused` event, through the worker's coalescer) and marks the connection
-    /// refused.
-    pub(crate) fn refuse(&self, name: &str, reason: &str) {
+    /// Logs a refusal (the `refused` event, through the worker's coalescer), counts it by `why` and
+    /// marks the connection refused.
+    pub(crate) fn refuse(&self, name: &str, reason: &str, why: RefusalReason) {
+        self.metrics.refusal(why);
+        self.log_refusal(name, reason);
+    }
+
+    /// Logs a client that sent no complete hello or request head: `closed` says why the router closed
+    /// it (`None`: the client closed first). Logged as a refusal; counted as a failed connection.
+    pub(crate) fn client_failed(&self, name: &str, reason: &str, closed: Option<CloseReason>) {
+        if let Some(why) = closed {
+            self.metrics.closed(why);
+        }
+        self.client_failed.store(true, Ordering::Relaxed);
+        self.log_refusal(name, reason);
+    }
+
+    /// The `refused` event, and the decision.
+    fn log_refusal(&self, name: &str, reason: &str) {
         if self.coalesce {
             coalesce::refused(self.kind, self.client, name, reason, None);
         } else {
@@ -112,7 +146,12 @@ impl ConnLog {
     /// Logs a failed dial: a refusal if the address check refused it, an upstream failure otherwise.
     pub(crate) fn dial_failed(&self, name: &str, e: &DialError) {
         if e.is_refusal() {
-            self.refuse(name, &e.to_string());
+            let why = if matches!(e, DialError::WildcardBudget { .. }) {
+                RefusalReason::WildcardLookupLimit
+            } else {
+                RefusalReason::RefusedAddress
+            };
+            self.refuse(name, &e.to_string(), why);
         } else {
             self.upstream_failed(name, e);
         }
@@ -129,14 +168,30 @@ impl Drop for ConnLog {
             .unwrap_or_else(|e| e.into_inner())
             .map(|a| a.to_string())
             .unwrap_or_default();
+        let (up, down) = (*self.bytes_up.get_mut(), *self.bytes_down.get_mut());
+        let counted = match decision {
+            _ if *self.client_failed.get_mut() => metrics::Decision::Failed,
+            Decision::Allowed => metrics::Decision::Allowed,
+            Decision::Refused => metrics::Decision::Refused,
+            Decision::Cancelled | Decision::Closed | Decision::UpstreamError => {
+                metrics::Decision::Failed
+            }
+        };
+        self.metrics.connection(Listener::of(self.kind), counted);
+        if up > 0 {
+            self.metrics.bytes(Direction::Upstream, up);
+        }
+        if down > 0 {
+            self.metrics.bytes(Direction::Downstream, down);
+        }
         info!(
             { logs::CLIENT } = %self.client,
             { logs::LISTENER } = self.kind.as_str(),
             { logs::NAME } = %name,
             { logs::DECISION } = decision.as_str(),
             { logs::UPSTREAM } = %upstream,
-            { logs::BYTES_UP } = self.bytes_up.load(Ordering::Relaxed),
-            { logs::BYTES_DOWN } = self.bytes_down.load(Ordering::Relaxed),
+            { logs::BYTES_UP } = up,
+            { logs::BYTES_DOWN } = down,
             { logs::DURATION_MS } = self.start.elapsed().as_millis() as u64,
             "{}",
             logs::CONNECTION

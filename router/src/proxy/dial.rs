@@ -16,8 +16,6 @@ use agent_sandbox_shared::logs::Decision;
 use agent_sandbox_shared::HostName;
 use tokio::net::TcpStream;
 
-use crate::fairness::Counters;
-
 use super::conn_log::ConnLog;
 use super::upstream::DialError;
 use super::Proxy;
@@ -38,20 +36,21 @@ impl Proxy {
             if listed {
                 return Ok(());
             }
-            let counters = &self.bounds.counters;
             if self.bounds.budget.spend(client, Instant::now()) {
-                Counters::bump(&counters.wildcard_lookups);
+                self.bounds.metrics.wildcard_lookup();
                 Ok(())
             } else {
-                Counters::bump(&counters.wildcard_budget_refused);
+                // Counted as a refusal by reason when the log records it (`dial_failed`).
                 Err(DialError::WildcardBudget {
                     name: name.clone(),
                     per_minute: self.bounds.wildcard_per_minute,
                 })
             }
         };
+        let started = Instant::now();
         match self.upstream.connect(name, port, may_resolve).await {
             Ok((stream, addr)) => {
+                self.bounds.metrics.upstream_connect(started.elapsed());
                 log.set_upstream(addr);
                 log.set_decision(Decision::Allowed);
                 Ok(stream)

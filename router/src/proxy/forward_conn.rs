@@ -15,6 +15,7 @@ use tracing::debug;
 use super::conn_log::ConnLog;
 use super::relay;
 use super::Proxy;
+use crate::metrics::RefusalReason;
 
 impl Proxy {
     /// One host:port connection.
@@ -25,12 +26,18 @@ impl Proxy {
         host: Arc<HostName>,
         port: u16,
     ) {
-        let log = ConnLog::new(peer, Kind::Forward, self.coalesce);
+        let log = ConnLog::new(
+            peer,
+            Kind::Forward,
+            self.coalesce,
+            Arc::clone(&self.bounds.metrics),
+        );
         log.set_name(host.as_str());
         if !self.rules.load().policy.allows_port(&host, port) {
             log.refuse(
                 host.as_str(),
                 &format!("port {port} is not allowed for this host"),
+                RefusalReason::NotAllowed,
             );
             return;
         }

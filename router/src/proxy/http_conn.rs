@@ -22,6 +22,7 @@ use super::http::{self, BodyFramer, HeadError, HeadReader, RequestHead, Status};
 use super::refusal::{self, refuse_http, send_and_close, Refusals};
 use super::relay::{self, read_some, shutdown_write, write_all};
 use super::{show, Proxy, PEEK_READ};
+use crate::metrics::{CloseReason, RefusalReason};
 
 /// Read size while relaying HTTP request bodies.
 const BODY_READ: usize = 64 * 1024;
@@ -34,7 +35,12 @@ impl Proxy {
             rules: self.rules.load(),
             refusals: &self.refusals,
             peek_timeout: self.peek_timeout,
-            log: ConnLog::new(peer, Kind::Http, self.coalesce),
+            log: ConnLog::new(
+                peer,
+                Kind::Http,
+                self.coalesce,
+                Arc::clone(&self.bounds.metrics),
+            ),
         };
         let Some((buf, head, name)) = conn.first_request().await else {
             return;
@@ -86,20 +92,24 @@ impl HttpConn<'_> {
                 if buf.is_empty() {
                     self.log.set_decision(Decision::Closed);
                 } else {
-                    self.log
-                        .refuse("", "client closed before the request head was complete");
+                    self.log.client_failed(
+                        "",
+                        "client closed before the request head was complete",
+                        None,
+                    );
                 }
                 return None;
             }
             HeadRead::Timeout => {
-                self.log.refuse("", "peek timeout");
+                self.log
+                    .client_failed("", "peek timeout", Some(CloseReason::ClientTimeout));
                 let body = refusal::head_timeout_body(self.peek_timeout);
                 refuse_http(self.client, Status::RequestTimeout, &body).await;
                 return None;
             }
             HeadRead::Bad(e) => {
                 let reason = e.to_string();
-                self.log.refuse("", &reason);
+                self.log.refuse("", &reason, RefusalReason::BadRequest);
                 let body = self.refusals.bad_request_body("", &reason);
                 refuse_http(self.client, e.status(), &body).await;
                 return None;
@@ -109,7 +119,8 @@ impl HttpConn<'_> {
             Ok(name) => Some((buf, head, name)),
             Err((status, reason)) => {
                 let shown = show(head.host.as_bytes());
-                self.log.refuse(&shown, &reason);
+                self.log
+                    .refuse(&shown, &reason, refusal::http_refusal(status));
                 let body = self.refusals.policy_body(status, &shown, &reason);
                 refuse_http(self.client, status, &body).await;
                 None
@@ -318,7 +329,11 @@ impl HttpRelay<'_> {
         let name = &self.name;
         if head.upgrade.is_some() {
             let reason = "Upgrade is only supported on the first request of a connection";
-            conn.log.refuse(&show(head.host.as_bytes()), reason);
+            conn.log.refuse(
+                &show(head.host.as_bytes()),
+                reason,
+                RefusalReason::BadRequest,
+            );
             let body = conn.refusals.bad_request_body(name.as_str(), reason);
             return Err(http::response(Status::BadRequest, &body));
         }
@@ -326,13 +341,15 @@ impl HttpRelay<'_> {
             Ok(n) if n == *name => Ok(()),
             Ok(n) => {
                 let reason = format!("Host changed from {name} to {n} on a kept-alive connection");
-                conn.log.refuse(n.as_str(), &reason);
+                conn.log
+                    .refuse(n.as_str(), &reason, RefusalReason::NotAllowed);
                 let body = refusal::host_changed_body(&reason, n.as_str());
                 Err(http::response(Status::Forbidden, &body))
             }
             Err((status, reason)) => {
                 let shown = show(head.host.as_bytes());
-                conn.log.refuse(&shown, &reason);
+                conn.log
+                    .refuse(&shown, &reason, refusal::http_refusal(status));
                 let body = conn.refusals.policy_body(status, &shown, &reason);
                 Err(http::response(status, &body))
             }
@@ -405,7 +422,7 @@ impl HttpRelay<'_> {
             }
             let n = framer.advance(buf).map_err(|e| {
                 let reason = format!("request body: {e}");
-                log.refuse(self.name.as_str(), &reason);
+                log.refuse(self.name.as_str(), &reason, RefusalReason::BadRequest);
                 let body = self
                     .conn
                     .refusals
@@ -428,11 +445,11 @@ impl HttpRelay<'_> {
             HeadRead::Head(h) => Ok(h),
             HeadRead::Eof if buf.is_empty() => Err(RequestsEnd::ClientDone),
             HeadRead::Eof => {
-                log.refuse(name, "client closed in the middle of a request head");
+                log.client_failed(name, "client closed in the middle of a request head", None);
                 Err(RequestsEnd::ClientDone)
             }
             HeadRead::Timeout => {
-                log.refuse(name, "peek timeout");
+                log.client_failed(name, "peek timeout", Some(CloseReason::ClientTimeout));
                 Err(RequestsEnd::Refused(http::response(
                     Status::RequestTimeout,
                     refusal::LATER_HEAD_TIMEOUT_BODY,
@@ -440,7 +457,7 @@ impl HttpRelay<'_> {
             }
             HeadRead::Bad(e) => {
                 let reason = e.to_string();
-                log.refuse(name, &reason);
+                log.refuse(name, &reason, RefusalReason::BadRequest);
                 let body = self.conn.refusals.bad_request_body(name, &reason);
                 Err(RequestsEnd::Refused(http::response(e.status(), &body)))
             }

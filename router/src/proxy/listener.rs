@@ -32,7 +32,7 @@ use super::refusal::{self, send_and_close};
 use super::tls::{alert_record, AlertDescription};
 use super::{Kind, Proxy};
 use crate::coalesce;
-use crate::fairness::Counters;
+use crate::metrics::{self, Listener, RefusalReason};
 
 /// When a listener stops: it stops accepting when `accepting` is cancelled (a drain, or a reload that
 /// removed its `host:port` entry) and its connections go on; when `shutdown` is cancelled, they are
@@ -94,6 +94,7 @@ impl Proxy {
             else {
                 break;
             };
+            let listener = Listener::of(kind);
             let Some(client_slot) = self.bounds.slots.try_take(peer.ip()) else {
                 drop(permit);
                 if let Some(refusing) = self.refuse_over_cap(kind, stream, peer) {
@@ -105,10 +106,11 @@ impl Proxy {
             // and an enabled span costs work at every poll of every connection.
             let span = tracing::debug_span!("conn", client = %peer, listener = kind.as_str());
             let work = handler(Arc::clone(&self), stream, peer);
+            let open = self.bounds.metrics.open(listener);
             let shutdown = stop.shutdown.clone();
             tasks.spawn(
                 async move {
-                    let _slots = (permit, client_slot);
+                    let _slots = (permit, client_slot, open);
                     tokio::select! {
                         () = shutdown.cancelled() => {}
                         () = work => {}
@@ -141,7 +143,9 @@ impl Proxy {
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
-        Counters::bump(&self.bounds.counters.client_cap_refused);
+        let metrics = &self.bounds.metrics;
+        metrics.refusal(RefusalReason::PerClientLimit);
+        metrics.connection(Listener::of(kind), metrics::Decision::Refused);
         let cap = self.bounds.per_client;
         let reason = refusal::client_cap_reason(cap);
         if self.coalesce {

@@ -63,8 +63,9 @@ pub use self::listener::Stop;
 use self::refusal::Refusals;
 use self::upstream::Upstream;
 use crate::dns::DnsHandler;
-use crate::fairness::{Bounds, Counters};
+use crate::fairness::Bounds;
 use crate::live::{Live, LiveRules};
+use crate::metrics::{CloseReason, Listener};
 
 /// The longest client-supplied name put in a log line or a response.
 const MAX_SHOWN_NAME: usize = 256;
@@ -193,7 +194,7 @@ impl Proxy {
         tokio::select! {
             r = work => Some(r),
             () = relay::idle(&log.bytes_up, &log.bytes_down, self.idle_timeout) => {
-                Counters::bump(&self.bounds.counters.idle_closed);
+                self.bounds.metrics.closed(CloseReason::IdleTimeout);
                 tracing::debug!(idle_s = self.idle_timeout.as_secs(), "closed after the idle timeout");
                 None
             }
@@ -212,6 +213,11 @@ impl Proxy {
         self.accept_loop(listener, Kind::Dns, stop.into(), move |_, stream, peer| {
             let handler = Arc::clone(&handler);
             async move {
+                // No policy decision per connection (each query is decided and counted): a DNS
+                // connection that got past the caps counts as allowed.
+                handler
+                    .metrics()
+                    .connection(Listener::DnsTcp, crate::metrics::Decision::Allowed);
                 crate::dns_tcp::serve_connection(stream, peer, &handler, idle).await;
             }
         })

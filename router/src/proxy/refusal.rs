@@ -15,6 +15,7 @@ use super::relay::{read_some, shutdown_write, write_all};
 use super::tls::{alert_record, AlertDescription};
 use super::upstream::DialError;
 use super::PEEK_READ;
+use crate::metrics::RefusalReason;
 
 /// How long a refused client gets to read the refusal before the socket is closed.
 const LINGER: Duration = Duration::from_secs(1);
@@ -160,6 +161,29 @@ pub(crate) fn policy_status(r: &Refusal) -> Status {
     match r {
         Refusal::NotListed(_) | Refusal::Invalid(NameError::IpLiteral(_)) => Status::Forbidden,
         Refusal::Invalid(_) => Status::BadRequest,
+    }
+}
+
+/// The metrics' reason for a policy refusal: a name not allowed (an IP literal included), else `bad`
+/// (the name the client sent is not a hostname: a bad hello or request).
+#[must_use]
+pub(crate) fn policy_refusal(r: &Refusal, bad: RefusalReason) -> RefusalReason {
+    match r {
+        Refusal::NotListed(_) | Refusal::Invalid(NameError::IpLiteral(_)) => {
+            RefusalReason::NotAllowed
+        }
+        Refusal::Invalid(_) => bad,
+    }
+}
+
+/// The metrics' reason for an HTTP refusal answered with `status`: 403 is the policy's "not allowed",
+/// anything else a request the router will not route.
+#[must_use]
+pub(crate) fn http_refusal(status: Status) -> RefusalReason {
+    if status == Status::Forbidden {
+        RefusalReason::NotAllowed
+    } else {
+        RefusalReason::BadRequest
     }
 }
 

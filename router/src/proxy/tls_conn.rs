@@ -26,12 +26,17 @@ use super::relay::{self, read_some, shutdown_write, write_all};
 use super::retry::{SecondHello, ServerFirst, ServerHelloWatch};
 use super::tls::{AlertDescription, HelloReader};
 use super::{show, Proxy, PEEK_READ};
-use crate::fairness::Counters;
+use crate::metrics::{CloseReason, RefusalReason};
 
 impl Proxy {
     /// One TLS connection.
     pub(super) async fn handle_tls(self: Arc<Self>, client: TcpStream, peer: SocketAddr) {
-        let log = ConnLog::new(peer, Kind::Tls, self.coalesce);
+        let log = ConnLog::new(
+            peer,
+            Kind::Tls,
+            self.coalesce,
+            Arc::clone(&self.bounds.metrics),
+        );
         let rules = self.rules.load();
         let Some(reader) = self.read_hello(&client, &log).await else {
             return;
@@ -48,7 +53,11 @@ impl Proxy {
         let name = match decided {
             Ok(n) => n,
             Err(refusal) => {
-                log.refuse(&shown, &refusal::policy_reason(&refusal));
+                log.refuse(
+                    &shown,
+                    &refusal::policy_reason(&refusal),
+                    refusal::policy_refusal(&refusal, RefusalReason::BadHello),
+                );
                 refuse_tls(&client, refusal::policy_alert(&refusal)).await;
                 return;
             }
@@ -128,7 +137,11 @@ impl Proxy {
             buf.clear();
             match tokio::time::timeout_at(deadline, read_some(client, &mut buf, PEEK_READ)).await {
                 Err(_) => {
-                    log.refuse(&shown, "peek timeout (second ClientHello)");
+                    log.client_failed(
+                        &shown,
+                        "peek timeout (second ClientHello)",
+                        Some(CloseReason::ClientTimeout),
+                    );
                     shutdown_write(client);
                     return false;
                 }
@@ -148,8 +161,7 @@ impl Proxy {
                         return true;
                     }
                     Err(e) => {
-                        Counters::bump(&self.bounds.counters.retry_hello_refused);
-                        log.refuse(&shown, &e.to_string());
+                        log.refuse(&shown, &e.to_string(), RefusalReason::BadHello);
                         // The upstream has seen only the first hello: nothing of the second reaches it.
                         shutdown_write(client);
                         return false;
@@ -169,7 +181,7 @@ impl Proxy {
             buf.clear();
             match tokio::time::timeout_at(deadline, read_some(client, &mut buf, PEEK_READ)).await {
                 Err(_) => {
-                    log.refuse("", "peek timeout");
+                    log.client_failed("", "peek timeout", Some(CloseReason::ClientTimeout));
                     refuse_tls(client, AlertDescription::AccessDenied).await;
                     return None;
                 }
@@ -177,7 +189,11 @@ impl Proxy {
                     if reader.buffered().is_empty() {
                         log.set_decision(Decision::Closed);
                     } else {
-                        log.refuse("", "client closed before the ClientHello was complete");
+                        log.client_failed(
+                            "",
+                            "client closed before the ClientHello was complete",
+                            None,
+                        );
                     }
                     return None;
                 }
@@ -185,7 +201,7 @@ impl Proxy {
                     Ok(None) => {}
                     Ok(Some(sni)) => return Some(Hello { reader, sni }),
                     Err(e) => {
-                        log.refuse("", &e.to_string());
+                        log.refuse("", &e.to_string(), RefusalReason::BadHello);
                         refuse_tls(client, e.alert()).await;
                         return None;
                     }
