@@ -115,6 +115,18 @@ else
     done
     [ "${#still[@]}" -eq 0 ] || die "still not installed after the install: ${still[*]}"
     changed "installed ${missing[*]}"
+    # The tests run nginx as an upstream of their own; Debian's package starts a system nginx on port 80,
+    # which nothing here wants listening.
+    for p in "${missing[@]}"; do
+        case "$p" in
+            nginx | nginx-light)
+                if command -v systemctl >/dev/null && systemctl is-enabled --quiet nginx 2>/dev/null; then
+                    systemctl disable --now nginx >/dev/null 2>&1 || true
+                    changed "stopped and disabled the system nginx the package started (the tests run their own)"
+                fi
+                ;;
+        esac
+    done
 fi
 
 # Subordinate ids for the invoking user. A new range starts after the end of every range in either file
