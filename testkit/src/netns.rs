@@ -51,25 +51,7 @@ impl Netns {
         static SWEEP: std::sync::Once = std::sync::Once::new();
         // A test binary killed by a timeout runs no destructors: remove namespaces of ours whose
         // process is gone (named asp<pid>x<n>).
-        SWEEP.call_once(|| {
-            for entry in std::fs::read_dir("/run/netns")
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(pid) = name
-                    .strip_prefix("asp")
-                    .and_then(|r| r.split_once('x'))
-                    .and_then(|(p, _)| p.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = Command::new("ip").args(["netns", "del", &name]).output();
-                }
-            }
-        });
+        SWEEP.call_once(|| sweep_stale("asp"));
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id() as usize;
         let name = format!("asp{pid}x{n}");
@@ -144,4 +126,26 @@ pub fn require() -> bool {
         "root and iproute2 (to create network namespaces for test hosts)",
         available(),
     )
+}
+
+/// Removes the network namespaces named `PREFIX<pid>x...` whose test process is gone: a test binary killed
+/// by a timeout runs no destructors. Namespaces of live processes (other tests running now) are left.
+pub fn sweep_stale(prefix: &str) {
+    for entry in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|r| r.split_once('x'))
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        }
+    }
 }

@@ -83,25 +83,7 @@ impl Netns {
         static SWEEP: std::sync::Once = std::sync::Once::new();
         // A test binary killed by a timeout runs no destructors: remove namespaces of ours whose process
         // is gone (named asl<pid>x<n><tag>).
-        SWEEP.call_once(|| {
-            for entry in std::fs::read_dir("/run/netns")
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(pid) = name
-                    .strip_prefix("asl")
-                    .and_then(|r| r.split_once('x'))
-                    .and_then(|(p, _)| p.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = Command::new("ip").args(["netns", "del", &name]).output();
-                }
-            }
-        });
+        SWEEP.call_once(|| agent_sandbox_testkit::netns::sweep_stale("asl"));
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("asl{}x{n}{tag}", std::process::id());
         let ns = Netns { name };
