@@ -3,6 +3,7 @@
 
 use crate::suite::Suite;
 
+mod claude_hosts;
 mod cleanup;
 mod concurrent;
 mod escapes;
@@ -28,4 +29,5 @@ pub(crate) const ALL: &[Scenario] = &[
     ("cleanup", cleanup::run),
     ("concurrent", concurrent::run),
     ("stale", stale::run),
+    ("claude_hosts", claude_hosts::run),
 ];
