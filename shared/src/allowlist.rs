@@ -76,7 +76,7 @@ pub enum EntryError {
     #[error("one entry per line: found more than one word")]
     SeveralWords,
     /// `@name` where no group has that name.
-    #[error("unknown group `@{0}`; the groups are {}", crate::groups::names())]
+    #[error("unknown group `@{0}`; the groups are {groups}", groups = crate::groups::names())]
     UnknownGroup(String),
     /// The name itself is invalid.
     #[error("{0}")]
