@@ -221,9 +221,10 @@ impl SessionPlan {
             ));
         }
         for (host, port) in &entries {
-            let key = format!("{host}:{port}");
-            if !state.ports.contains_key(&key) {
-                state.ports.insert(key, next_port as u16);
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                state.ports.entry(format!("{host}:{port}"))
+            {
+                slot.insert(next_port as u16);
                 next_port += 1;
             }
         }
@@ -367,8 +368,11 @@ mod tests {
 
     const ROUTER: Ipv4Addr = Ipv4Addr::new(10, 89, 3, 2);
 
+    /// Host addresses, and (host, port, router port) per entry.
+    type HandedOut = (Vec<(String, Ipv4Addr)>, Vec<(String, u16, u16)>);
+
     /// The address each port host resolves to and the router port of each entry.
-    fn handed_out(p: &SessionPlan) -> (Vec<(String, Ipv4Addr)>, Vec<(String, u16, u16)>) {
+    fn handed_out(p: &SessionPlan) -> HandedOut {
         let hosts = p
             .router
             .answers
