@@ -8,6 +8,7 @@ mod cleanup;
 mod concurrent;
 mod escapes;
 mod files;
+mod live;
 mod nested;
 mod reach;
 mod refusals;
@@ -30,4 +31,5 @@ pub(crate) const ALL: &[Scenario] = &[
     ("concurrent", concurrent::run),
     ("stale", stale::run),
     ("claude_hosts", claude_hosts::run),
+    ("live", live::run),
 ];
