@@ -154,10 +154,10 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     );
     let evil = wait_line("evil", true);
     s.checks.check(
-        evil.as_ref().is_some_and(|(_, l)| {
-            !l.iter().any(|b| *b == 0x1b || *b == 0x07)
-                && String::from_utf8_lossy(l).contains("\\x1b")
-        }),
+        // Whatever form the name takes on its way (DNS presentation escapes, the router's, ours), only
+        // printable ASCII reaches the terminal.
+        evil.as_ref()
+            .is_some_and(|(_, l)| l.iter().all(|b| (0x20..0x7f).contains(b)) && l.contains(&b'\\')),
         format!(
             "[{name}] a name of terminal escape bytes is printed escaped: {:?}",
             evil.as_ref()
