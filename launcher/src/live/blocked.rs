@@ -14,14 +14,15 @@ use super::sessions::{self, Running};
 use crate::podman::{args, Podman};
 use crate::report;
 
-/// `name` safe for a terminal: printable ASCII other than `\` as is, everything else (control bytes,
-/// ESC, DEL, any non-ASCII character, which could be a bidirectional override) as `\xNN` or `\u{N}`.
+/// `name` safe for a terminal: printable ASCII as is, everything else (control bytes, ESC, DEL, any
+/// non-ASCII character, which could be a bidirectional override) as `\xNN` or `\u{N}`. A backslash
+/// stays as it is: the router's log already escapes names, and doubling its escapes again would only
+/// make them harder to read; what matters is that nothing but printable ASCII reaches the screen.
 #[must_use]
 pub fn escape(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
         match c {
-            '\\' => out.push_str("\\\\"),
             ' '..='~' => out.push(c),
             c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
             c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
@@ -208,7 +209,7 @@ mod tests {
             ("pypi.org", "pypi.org"),
             ("\u{1b}[31mred\u{1b}[0m", "\\x1b[31mred\\x1b[0m"),
             ("a\rb\nc\u{7}\u{7f}", "a\\x0db\\x0ac\\x07\\x7f"),
-            ("back\\slash", "back\\\\slash"),
+            ("back\\slash", "back\\slash"),
             ("\u{202e}txt.exe", "\\u{202e}txt.exe"),
             ("\u{9b}31m", "\\u{9b}31m"),
             ("", ""),

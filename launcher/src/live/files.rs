@@ -77,9 +77,26 @@ pub(crate) fn create_layout(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether a replaced file must reach the disk before the rename: the user's allowlist must survive a
+/// crash; a session's files live no longer than the session (and in a tmpfs, normally), and syncing
+/// them would only slow a live change down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// fsync before the rename.
+    Synced,
+    /// Atomic, not synced.
+    Session,
+}
+
 /// Replaces `path` with `text` atomically: a new file in the same directory (mode `mode`, created
-/// exclusively, so a planted name is never written through), synced, then renamed over `path`.
-pub(crate) fn replace_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+/// exclusively, so a planted name is never written through), synced if `durability` says so, then
+/// renamed over `path`.
+pub(crate) fn replace_file(
+    path: &Path,
+    text: &str,
+    mode: u32,
+    durability: Durability,
+) -> anyhow::Result<()> {
     let dir = path.parent().context("a file path has a directory")?;
     let name = path
         .file_name()
@@ -95,7 +112,10 @@ pub(crate) fn replace_file(path: &Path, text: &str, mode: u32) -> anyhow::Result
             .open(&tmp)
             .with_context(|| format!("cannot create {}", tmp.display()))?;
         file.write_all(text.as_bytes())
-            .and_then(|()| file.sync_all())
+            .and_then(|()| match durability {
+                Durability::Synced => file.sync_all(),
+                Durability::Session => Ok(()),
+            })
             .with_context(|| format!("cannot write {}", tmp.display()))?;
         // The umask may have narrowed the mode given to open.
         fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))
@@ -133,19 +153,26 @@ pub(crate) fn write_plan(dir: &Path, plan: &SessionPlan) -> anyhow::Result<()> {
         &dir.join(ROUTER_DIR).join(ROUTER_FILE),
         &plan.router.to_toml(),
         0o644,
+        Durability::Session,
     )?;
     replace_file(
         &dir.join(FORWARDER_DIR).join(RELAYS_FILE),
         &plan.relays_file(),
         0o644,
+        Durability::Session,
     )?;
-    replace_file(&dir.join(STATE_FILE), &plan.state.to_json(), 0o600)
+    replace_file(
+        &dir.join(STATE_FILE),
+        &plan.state.to_json(),
+        0o600,
+        Durability::Session,
+    )
 }
 
 /// Writes the session's [`SessionMeta`].
 pub(crate) fn write_meta(dir: &Path, meta: &SessionMeta) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(meta).context("cannot serialise the session")?;
-    replace_file(&dir.join(META_FILE), &json, 0o600)
+    replace_file(&dir.join(META_FILE), &json, 0o600, Durability::Session)
 }
 
 /// Reads the session's [`SessionMeta`].
@@ -180,7 +207,7 @@ pub(crate) fn read_extra(dir: &Path) -> anyhow::Result<String> {
 
 /// Replaces the session-only entries.
 pub(crate) fn write_extra(dir: &Path, text: &str) -> anyhow::Result<()> {
-    replace_file(&dir.join(EXTRA_FILE), text, 0o600)
+    replace_file(&dir.join(EXTRA_FILE), text, 0o600, Durability::Session)
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ fn write_allowlist(path: &Path, text: &str) -> anyhow::Result<()> {
         .permissions()
         .mode()
         & 0o7777;
-    files::replace_file(&path, text, mode)
+    files::replace_file(&path, text, mode, files::Durability::Synced)
 }
 
 /// Applies the allowlist text `text` (of file `path`) to every running session started with that file;
@@ -206,29 +206,30 @@ fn apply_to_all(podman: &Podman, path: &Path, text: &str) -> anyhow::Result<()> 
         return Ok(());
     }
     let name = path.display().to_string();
-    let results: Vec<(&Running, Option<anyhow::Result<sessions::Applied>>)> =
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = all
+    let targets: Vec<(&Running, Allowlist)> = all
+        .iter()
+        .filter(|s| sessions::same_file(&s.meta.allowlist, path))
+        .map(|s| {
+            let extra = files::read_extra(&s.dir)?;
+            Ok((s, sessions::session_allowlist(text, &name, &extra)?))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let outcomes = sessions::apply_all(podman, &targets);
+    let results: Vec<(&Running, Option<anyhow::Result<sessions::Applied>>)> = all
+        .iter()
+        .map(|s| {
+            let outcome = targets
                 .iter()
-                .map(|s| {
-                    let name = &name;
-                    scope.spawn(move || {
-                        if !sessions::same_file(&s.meta.allowlist, path) {
-                            return None;
-                        }
-                        Some(
-                            files::read_extra(&s.dir)
-                                .and_then(|extra| sessions::session_allowlist(text, name, &extra))
-                                .and_then(|list| sessions::apply(podman, s, &list)),
-                        )
-                    })
-                })
-                .collect();
-            all.iter()
-                .zip(handles)
-                .map(|(s, h)| (s, h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
-                .collect()
-        });
+                .position(|(t, _)| t.meta.id == s.meta.id)
+                .map(|i| {
+                    outcomes[i]
+                        .as_ref()
+                        .map(|a| a.clone())
+                        .map_err(|e| anyhow::anyhow!("{e:#}"))
+                });
+            (s, outcome)
+        })
+        .collect();
     report_results(&results)
 }
 
@@ -297,7 +298,7 @@ pub fn allow_session(podman: &Podman, s: &Running, entries: &[String]) -> anyhow
     if !added.is_empty() {
         println!("added for session {} only: {}", s.meta.id, added.join(" "));
     }
-    let r = Some(sessions::apply(podman, s, &list));
+    let r = sessions::apply_all(podman, &[(s, list)]).pop();
     report_results(&[(s, r)])
 }
 

@@ -117,18 +117,17 @@ pub fn session_allowlist(
 }
 
 /// What applying a policy to a session did.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Applied {
     /// Entries in force after it (hosts, wildcards and host:port entries).
     pub entries: usize,
-    /// From writing the files to the router's log line saying it took the new policy.
+    /// From the start of the change to the router's log line saying it took the new policy.
     pub took: Duration,
 }
 
-/// Applies `list` to session `s`: new plan, files replaced, router and forwarder signalled, and the
-/// router's verdict read from its log.
-pub fn apply(podman: &Podman, s: &Running, list: &Allowlist) -> anyhow::Result<Applied> {
-    let started = Instant::now();
+/// Writes session `s`'s files for `list`: the new plan, extended from what it has handed out. Returns
+/// the number of entries in force.
+fn prepare(s: &Running, list: &Allowlist) -> anyhow::Result<usize> {
     let policy = Policy::new(list);
     let state = files::read_state(&s.dir)?;
     let old = files::read_router_config(&s.dir)?;
@@ -136,31 +135,65 @@ pub fn apply(podman: &Podman, s: &Running, list: &Allowlist) -> anyhow::Result<A
     // What the router's reload may not change (it would refuse the whole reload) stays as at start.
     plan.router.resolvers = old.resolvers;
     plan.router.allowlist = old.allowlist;
+    files::write_plan(&s.dir, &plan)?;
+    Ok(plan.router.hosts.len() + plan.router.subdomains.len() + plan.router.forwards.len())
+}
+
+/// Applies each policy to its session: every session's files written, then one `podman kill --signal
+/// HUP` for all their routers and forwarders (one podman process, not two per session: podman's lock
+/// makes parallel ones wait for each other), then each router's verdict read from its log, in
+/// parallel. One outcome per session, in order.
+pub fn apply_all(
+    podman: &Podman,
+    targets: &[(&Running, Allowlist)],
+) -> Vec<anyhow::Result<Applied>> {
+    let started = Instant::now();
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    files::write_plan(&s.dir, &plan)?;
-    let hup = libc::SIGHUP;
-    let (router, forwarder) = std::thread::scope(|scope| {
-        let f = scope.spawn(|| podman.run(&args::kill(&s.forwarder, hup)));
-        let r = podman.run(&args::kill(&s.router, hup));
-        (r, f.join())
-    });
-    router.with_context(|| format!("cannot signal the router of session {}", s.meta.id))?;
-    match forwarder {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            return Err(e)
-                .with_context(|| format!("cannot signal the forwarder of session {}", s.meta.id))
+    let mut outcomes: Vec<anyhow::Result<usize>> =
+        targets.iter().map(|(s, list)| prepare(s, list)).collect();
+    let names: Vec<&str> = targets
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| o.is_ok())
+        .flat_map(|((s, _), _)| [s.router.as_str(), s.forwarder.as_str()])
+        .collect();
+    if !names.is_empty() && podman.run(&args::kill_many(&names, libc::SIGHUP)).is_err() {
+        // One of them is gone (its session ended meanwhile): signal session by session, so each
+        // outcome says whose it is.
+        for ((s, _), o) in targets.iter().zip(outcomes.iter_mut()) {
+            if o.is_ok() {
+                if let Err(e) =
+                    podman.run(&args::kill_many(&[&s.router, &s.forwarder], libc::SIGHUP))
+                {
+                    *o = Err(anyhow::Error::new(e).context(format!(
+                        "cannot signal the router and forwarder of session {}",
+                        s.meta.id
+                    )));
+                }
+            }
         }
-        Err(_) => bail!("signalling the forwarder panicked"),
     }
-    wait_reloaded(podman, &s.router, since)?;
-    Ok(Applied {
-        entries: plan.router.hosts.len()
-            + plan.router.subdomains.len()
-            + plan.router.forwards.len(),
-        took: started.elapsed(),
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .iter()
+            .zip(outcomes)
+            .map(|((s, _), o)| {
+                scope.spawn(move || {
+                    let entries = o?;
+                    wait_reloaded(podman, &s.router, since)?;
+                    Ok(Applied {
+                        entries,
+                        took: started.elapsed(),
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     })
 }
 

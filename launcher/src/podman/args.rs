@@ -364,6 +364,15 @@ pub fn kill(name: &str, signal: i32) -> Vec<OsString> {
         .done()
 }
 
+/// Sends a signal (by number) to several containers' main processes with one podman command.
+#[must_use]
+pub fn kill_many(names: &[&str], signal: i32) -> Vec<OsString> {
+    Argv::new(&["kill"])
+        .opt("--signal", signal.to_string())
+        .args(names.iter().copied())
+        .done()
+}
+
 /// Kills a pod's containers at once (the launcher was told to stop and the command did not).
 #[must_use]
 pub fn pod_kill(name: &str) -> Vec<OsString> {
