@@ -153,6 +153,18 @@ pub fn apply_all(
         .map_or(0.0, |d| d.as_secs_f64());
     let mut outcomes: Vec<anyhow::Result<usize>> =
         targets.iter().map(|(s, list)| prepare(s, list)).collect();
+    // Where each router's log ends now: its verdict is read from there on, straight from the file
+    // (polling `podman logs` costs a podman process per look).
+    let marks: Vec<Option<LogMark>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|(s, _)| scope.spawn(|| LogMark::now(podman, s)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
     let names: Vec<&str> = targets
         .iter()
         .zip(&outcomes)
@@ -179,10 +191,14 @@ pub fn apply_all(
         let handles: Vec<_> = targets
             .iter()
             .zip(outcomes)
-            .map(|((s, _), o)| {
+            .zip(marks)
+            .map(|(((s, _), o), mark)| {
                 scope.spawn(move || {
                     let entries = o?;
-                    wait_reloaded(podman, &s.router, since)?;
+                    match mark {
+                        Some(mark) => mark.wait_reloaded(&s.router)?,
+                        None => wait_reloaded(podman, &s.router, since)?,
+                    }
                     Ok(Applied {
                         entries,
                         took: started.elapsed(),
@@ -196,6 +212,81 @@ pub fn apply_all(
             .collect()
     })
 }
+
+/// A point in a router's log file: its k8s-file log on the host, and the length it had.
+struct LogMark {
+    /// The log file.
+    path: PathBuf,
+    /// Its length before the signal.
+    offset: u64,
+}
+
+/// A session file caching the router's log path (podman is asked once per session).
+const LOG_PATH_FILE: &str = "router-log-path";
+
+impl LogMark {
+    /// The router log's current end, or `None` when its path cannot be had (then `podman logs` is
+    /// polled instead).
+    fn now(podman: &Podman, s: &Running) -> Option<LogMark> {
+        let cache = s.dir.join(LOG_PATH_FILE);
+        let path = match std::fs::read_to_string(&cache) {
+            Ok(p) if !p.trim().is_empty() => PathBuf::from(p.trim()),
+            _ => {
+                let p = podman.run(&args::log_path(&s.router)).ok()?;
+                let p = PathBuf::from(p.trim());
+                if !p.is_absolute() {
+                    return None;
+                }
+                let _ = files::replace_file(
+                    &cache,
+                    &p.display().to_string(),
+                    0o600,
+                    files::Durability::Session,
+                );
+                p
+            }
+        };
+        let offset = std::fs::metadata(&path).ok()?.len();
+        Some(LogMark { path, offset })
+    }
+
+    /// Polls the log from the mark for the reload verdict.
+    fn wait_reloaded(&self, router: &str) -> anyhow::Result<()> {
+        use std::io::{Read as _, Seek as _};
+        let deadline = Instant::now() + RELOAD_CONFIRM_TIMEOUT;
+        loop {
+            let mut text = String::new();
+            if let Ok(mut f) = std::fs::File::open(&self.path) {
+                // A log rotated meanwhile (its size cap) is read from its start.
+                let len = f.metadata().map_or(0, |m| m.len());
+                let from = if len < self.offset { 0 } else { self.offset };
+                if f.seek(std::io::SeekFrom::Start(from)).is_ok() {
+                    let _ = f.take(MAX_VERDICT_READ).read_to_string(&mut text);
+                }
+            }
+            // k8s-file lines are `TIME STREAM TAG MESSAGE`.
+            let messages: String = text
+                .lines()
+                .filter_map(|l| l.splitn(4, ' ').nth(3))
+                .map(|m| format!("{m}\n"))
+                .collect();
+            match reload_verdict(&messages) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(errors)) => bail!(
+                    "the router refused the new policy and keeps the old one: {}",
+                    errors.join("; ")
+                ),
+                None if Instant::now() >= deadline => bail!(
+                    "the router did not confirm the reload within {RELOAD_CONFIRM_TIMEOUT:?} (see `podman logs {router}`)"
+                ),
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+}
+
+/// The most of a router log read for a verdict: refusals may pile up there meanwhile.
+const MAX_VERDICT_READ: u64 = 16 * 1024 * 1024;
 
 /// Polls the router's log from `since` for its reload verdict.
 fn wait_reloaded(podman: &Podman, router: &str, since: f64) -> anyhow::Result<()> {

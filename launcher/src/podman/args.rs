@@ -364,6 +364,15 @@ pub fn kill(name: &str, signal: i32) -> Vec<OsString> {
         .done()
 }
 
+/// Where a container's k8s-file log is on the host.
+#[must_use]
+pub fn log_path(name: &str) -> Vec<OsString> {
+    Argv::new(&["container", "inspect"])
+        .opt("--format", "{{.HostConfig.LogConfig.Path}}")
+        .arg(name)
+        .done()
+}
+
 /// Sends a signal (by number) to several containers' main processes with one podman command.
 #[must_use]
 pub fn kill_many(names: &[&str], signal: i32) -> Vec<OsString> {

@@ -257,6 +257,38 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     );
     let p4 = phase(&a, 4);
 
+    // `blocked ID`: the refusals so far, with counts.
+    let (out, _) = live(&mode, &["blocked", &id_a]);
+    s.checks.check(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("blocked.test"),
+        format!(
+            "[{name}] `blocked ID` lists the refused names: {}",
+            text(&out)
+        ),
+    );
+
+    // `reload` after a hand edit: an invalid line is reported with file:line and nothing is applied;
+    // a valid file is applied.
+    let good = fs::read_to_string(&allowlist).unwrap_or_default();
+    fs::write(&allowlist, format!("{good}10.0.0.1\n")).unwrap();
+    let bad_line = good.lines().count() + 1;
+    let (out, _) = live(&mode, &["reload"]);
+    s.checks.check(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr)
+                .contains(&format!("allowed-hosts:{bad_line}: `10.0.0.1`")),
+        format!(
+            "[{name}] `reload` of an invalid file names file:line and applies nothing: {}",
+            text(&out)
+        ),
+    );
+    fs::write(&allowlist, &good).unwrap();
+    let (out, _) = live(&mode, &["reload"]);
+    s.checks.check(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("applied in"),
+        format!("[{name}] `reload` applies a valid file: {}", text(&out)),
+    );
+
     // 5: `allow --session` leaves the file as it was.
     let before = fs::read(&allowlist).unwrap_or_default();
     let (out, _) = live(&mode, &["allow", "--session", &id_a, ".blocked.test"]);
