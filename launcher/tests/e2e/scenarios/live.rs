@@ -223,7 +223,12 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     );
 
     // 3: a host:port entry.
-    let (out, _) = live(&mode, &["allow", "blocked.test:5432"]);
+    let (out, took) = live(&mode, &["allow", "blocked.test:5432"]);
+    eprintln!(
+        "  [{name}] a second `allow` (host:port: new router port and relay) took {} ms end to end: {}",
+        took.as_millis(),
+        String::from_utf8_lossy(&out.stdout).trim().replace('\n', " | ")
+    );
     s.checks.check(
         out.status.success(),
         format!("[{name}] `allow blocked.test:5432`: {}", text(&out)),
