@@ -6,13 +6,17 @@
 //! names, TLS or HTTP; it relays bytes from `LISTEN` to `TARGET`, nothing else, and the router decides.
 //!
 //! The binary (`main.rs`) only parses arguments ([`cli`]), sets up logging ([`log`]), the runtime and the
-//! signals, and calls [`Forwarder::bind`] then [`Forwarder::run`]; the tests call the same two functions
-//! in-process.
+//! signals, and calls [`Forwarder::bind`] then [`Forwarder::run_with_reloads`]; the tests call the same
+//! functions in-process. A reload (the launcher's `allow`/`deny` on a running session, delivered as
+//! SIGHUP with a new relays file) is a new relay list: listeners for new addresses are bound first (all
+//! or none), removed ones stop accepting while their open connections go on, and a changed target
+//! applies to new connections.
 //!
 //! It runs from a `FROM scratch` image, statically linked: it must never resolve a name (no
 //! `ToSocketAddrs` on strings, no `lookup_host`), because there is no libc resolver there. Every address it
 //! handles is an already parsed [`SocketAddr`].
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +27,7 @@ use agent_sandbox_shared::net::{AcceptFailure, Accepted, Acceptor};
 use anyhow::Context as _;
 use tokio::io::copy_bidirectional_with_sizes;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
 pub use agent_sandbox_shared::plan::Relay;
@@ -87,36 +91,13 @@ impl Forwarder {
     ///
     /// Any failure is fatal and names the address: a forwarder that silently lacks one of its relays would
     /// turn an allowlisted name into a mysterious "connection refused" inside the sandbox.
+    /// An empty list is allowed: a session whose allowlist is empty today may get entries by a reload.
     pub async fn bind(relays: &[Relay], options: Options) -> anyhow::Result<Forwarder> {
-        anyhow::ensure!(!relays.is_empty(), "no relays given");
         anyhow::ensure!(
             options.buffer_size > 0 && options.max_connections > 0,
             "buffer size and connection limit must be positive"
         );
-        let mut bound = Vec::with_capacity(relays.len());
-        for relay in relays {
-            let listener = TcpListener::bind(relay.listen)
-                .await
-                .with_context(|| format!("cannot listen on {}", relay.listen))?;
-            let listen = listener
-                .local_addr()
-                .with_context(|| format!("cannot read the address bound for {}", relay.listen))?;
-            bound.push(Bound {
-                listener,
-                relay: Relay {
-                    listen,
-                    target: relay.target,
-                },
-            });
-        }
-        for b in &bound {
-            log!(
-                Level::Info,
-                "{LISTENING_ON}{} to={}",
-                b.relay.listen,
-                b.relay.target
-            );
-        }
+        let bound = bind_all(relays).await?;
         Ok(Forwarder { bound, options })
     }
 
@@ -130,33 +111,158 @@ impl Forwarder {
     /// Connections are not drained on shutdown: the forwarder is stopped together with its pod, and the
     /// relayed protocols (TLS, HTTP) notice a dropped connection on their own.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        // A channel whose sender is gone: no reload ever comes.
+        let (_, reloads) = mpsc::channel(1);
+        self.run_with_reloads(reloads, shutdown).await
+    }
+
+    /// [`run`](Forwarder::run), and each relay list received on `reloads` replaces the current one
+    /// (see the crate doc). A reload whose new addresses cannot all be bound is logged and changes
+    /// nothing. `reloads` closing only stops reloads.
+    pub async fn run_with_reloads(
+        self,
+        mut reloads: mpsc::Receiver<Vec<Relay>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<()> {
         let permits = Arc::new(Semaphore::new(self.options.max_connections));
         // Dropping this set aborts the accept loops, and with them (their own sets) every connection.
         let mut loops = JoinSet::new();
+        // Each serving listener's target; sending `None` retires it.
+        let mut serving = Serving::new();
+        let options = self.options;
+        let start = |loops: &mut JoinSet<LoopEnd>, serving: &mut Serving, b: Bound| {
+            let (tx, rx) = watch::channel(Some(b.relay.target));
+            serving.insert(b.relay.listen, tx);
+            loops.spawn(accept_loop(
+                b.listener,
+                b.relay.listen,
+                rx,
+                options,
+                Arc::clone(&permits),
+            ));
+        };
         for b in self.bound {
-            loops.spawn(accept_loop(b, self.options, Arc::clone(&permits)));
+            start(&mut loops, &mut serving, b);
         }
         tokio::pin!(shutdown);
-        tokio::select! {
-            () = &mut shutdown => Ok(()),
-            // Accept loops never return; one that did has panicked, and a forwarder missing a listener
-            // must not carry on as if it were whole.
-            Some(ended) = loops.join_next() => match ended {
-                Ok(()) => anyhow::bail!("a listener stopped"),
-                Err(err) => Err(anyhow::Error::new(err).context("a listener failed")),
-            },
+        let mut reloads_open = true;
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                // Accept loops return only when retired; one that ended otherwise has panicked or lost
+                // its listener, and a forwarder missing a listener must not carry on as if it were whole.
+                Some(ended) = loops.join_next() => match ended {
+                    Ok(LoopEnd::Retired) => {}
+                    Ok(LoopEnd::Failed) => anyhow::bail!("a listener stopped"),
+                    Err(err) => return Err(anyhow::Error::new(err).context("a listener failed")),
+                },
+                next = reloads.recv(), if reloads_open => {
+                    let Some(relays) = next else {
+                        reloads_open = false;
+                        continue;
+                    };
+                    let current: BTreeMap<SocketAddr, SocketAddr> = serving
+                        .iter()
+                        .filter_map(|(l, t)| t.borrow().map(|t| (*l, t)))
+                        .collect();
+                    let wanted: BTreeMap<SocketAddr, SocketAddr> =
+                        relays.iter().map(|r| (r.listen, r.target)).collect();
+                    let new: Vec<Relay> = relays
+                        .iter()
+                        .filter(|r| !current.contains_key(&r.listen))
+                        .copied()
+                        .collect();
+                    let bound = match bind_all(&new).await {
+                        Ok(bound) => bound,
+                        Err(err) => {
+                            log!(Level::Error, "reload refused, relays unchanged: {err:#}");
+                            continue;
+                        }
+                    };
+                    let mut closed = 0;
+                    serving.retain(|listen, target| match wanted.get(listen) {
+                        Some(t) => {
+                            target.send_if_modified(|old| {
+                                let changed = *old != Some(*t);
+                                *old = Some(*t);
+                                changed
+                            });
+                            true
+                        }
+                        None => {
+                            let _ = target.send(None);
+                            log!(Level::Info, "closed {listen}: no longer relayed (open connections go on)");
+                            closed += 1;
+                            false
+                        }
+                    });
+                    let opened = bound.len();
+                    for b in bound {
+                        start(&mut loops, &mut serving, b);
+                    }
+                    log!(Level::Info, "reloaded: {} relays, {opened} opened, {closed} closed", wanted.len());
+                }
+            }
         }
     }
 }
 
-/// Accepts connections on one listener forever and spawns a relay task for each.
-async fn accept_loop(bound: Bound, options: Options, permits: Arc<Semaphore>) {
-    let Bound { listener, relay } = bound;
+/// Binds every relay's listen address, then logs one `listening on ADDR` line per listener. The first
+/// failure drops the ones already bound and names its address.
+async fn bind_all(relays: &[Relay]) -> anyhow::Result<Vec<Bound>> {
+    let mut bound = Vec::with_capacity(relays.len());
+    for relay in relays {
+        let listener = TcpListener::bind(relay.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", relay.listen))?;
+        let listen = listener
+            .local_addr()
+            .with_context(|| format!("cannot read the address bound for {}", relay.listen))?;
+        bound.push(Bound {
+            listener,
+            relay: Relay {
+                listen,
+                target: relay.target,
+            },
+        });
+    }
+    for b in &bound {
+        log!(
+            Level::Info,
+            "{LISTENING_ON}{} to={}",
+            b.relay.listen,
+            b.relay.target
+        );
+    }
+    Ok(bound)
+}
+
+/// Each serving listener's address and its target; sending `None` retires it.
+type Serving = BTreeMap<SocketAddr, watch::Sender<Option<SocketAddr>>>;
+
+/// How an accept loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoopEnd {
+    /// A reload removed its relay, and its last connection has ended.
+    Retired,
+    /// The listener could not be watched or stopped accepting.
+    Failed,
+}
+
+/// Accepts connections on one listener until retired (`target` becomes `None`), spawning a relay task
+/// for each; once retired, waits for its open connections to end.
+async fn accept_loop(
+    listener: TcpListener,
+    listen: SocketAddr,
+    mut target: watch::Receiver<Option<SocketAddr>>,
+    options: Options,
+    permits: Arc<Semaphore>,
+) -> LoopEnd {
     let mut acceptor = match Acceptor::new(listener, permits) {
         Ok(a) => a,
         Err(err) => {
-            log!(Level::Error, "listen={}: cannot watch: {err}", relay.listen);
-            return;
+            log!(Level::Error, "listen={listen}: cannot watch: {err}");
+            return LoopEnd::Failed;
         }
     };
     // Owned here so that aborting this loop also aborts its connections.
@@ -164,26 +270,40 @@ async fn accept_loop(bound: Bound, options: Options, permits: Arc<Semaphore>) {
     let report = |failure: AcceptFailure<'_>| match failure {
         // The client gave up between SYN and accept: nothing to do about it.
         AcceptFailure::PerConnection(err) => {
-            log!(Level::Debug, "listen={}: accept: {err}", relay.listen);
+            log!(Level::Debug, "listen={listen}: accept: {err}");
         }
         AcceptFailure::BackingOff { error, first, .. } => {
             if first {
                 log!(
                     Level::Warn,
-                    "listen={}: accept failed, backing off: {error}",
-                    relay.listen
+                    "listen={listen}: accept failed, backing off: {error}"
                 );
             }
         }
     };
-    // The semaphore is never closed and the listener stays registered: `None` would mean no more
-    // connections can be relayed, and the caller treats a returning loop as a failure.
-    while let Some(Accepted {
-        stream,
-        peer,
-        permit,
-    }) = acceptor.accept(&report).await
-    {
+    loop {
+        let accepted = tokio::select! {
+            accepted = acceptor.accept(&report) => accepted,
+            // A dropped sender (the forwarder stopping) ends the loop like a retirement.
+            changed = target.changed() => {
+                if changed.is_err() || target.borrow().is_none() {
+                    break;
+                }
+                continue;
+            }
+        };
+        // The semaphore is never closed and the listener stays registered: `None` would mean no more
+        // connections can be relayed, and the caller treats that as a failure.
+        let Some(Accepted {
+            stream,
+            peer,
+            permit,
+        }) = accepted
+        else {
+            return LoopEnd::Failed;
+        };
+        let Some(to) = *target.borrow() else { break };
+        let relay = Relay { listen, target: to };
         connections.spawn(async move {
             relay_connection(stream, peer, relay, options).await;
             drop(permit);
@@ -191,6 +311,10 @@ async fn accept_loop(bound: Bound, options: Options, permits: Arc<Semaphore>) {
         // Reap finished connections so the set does not grow with every connection ever relayed.
         while connections.try_join_next().is_some() {}
     }
+    // Retired: the listener closes now (new connections are refused), open ones go on to their end.
+    drop(acceptor);
+    while connections.join_next().await.is_some() {}
+    LoopEnd::Retired
 }
 
 /// Relays one accepted connection to `target` until both directions are done.

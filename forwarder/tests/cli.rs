@@ -67,7 +67,7 @@ fn bad_arguments_exit_2_and_name_the_argument() {
         assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
         assert!(
-            stderr.contains("Usage: agent-sandbox-forwarder LISTEN=TARGET..."),
+            stderr.contains("Usage: agent-sandbox-forwarder [--relays FILE] [LISTEN=TARGET...]"),
             "{stderr}"
         );
     }
@@ -211,4 +211,90 @@ fn out_of_file_descriptors_backs_off_then_recovers() {
             .any(|l| l.contains("accept failed, backing off"));
     }
     assert!(backed_off, "neither limit made accept fail");
+}
+
+/// Replaces `path` the way the launcher does: a temporary file renamed over it.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn sighup_rereads_the_relays_file() {
+    let target = echo_server();
+    let dir = std::env::temp_dir().join(format!("as-fwd-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("relays");
+    let (a, b) = (free_port("127.0.0.2"), free_port("127.0.0.3"));
+    // An argument relay stays through every reload.
+    let fixed = free_port("127.0.0.4");
+    replace_file(&file, &format!("# session relays\n{a}={target}\n"));
+    let fwd = Forwarder::spawn(&[
+        "--relays".to_owned(),
+        file.display().to_string(),
+        format!("{fixed}={target}"),
+    ]);
+    let mut up = fwd.wait_listening(2);
+    up.sort();
+    assert_eq!(up, [a, fixed]);
+    fwd.wait_for_line("ready: 2 relays", Duration::from_secs(5));
+    let mut open = echo_through(a, b"before", Duration::from_secs(5)).unwrap();
+
+    // b added, a removed: b relays, a refuses new connections, the connection open through a goes on.
+    replace_file(&file, &format!("{b}={target}\n"));
+    support::kill(fwd.pid(), libc::SIGHUP);
+    let line = fwd.wait_for_line("reloaded:", Duration::from_secs(5));
+    assert!(line.contains("2 relays, 1 opened, 1 closed"), "{line}");
+    echo_through(b, b"after", Duration::from_secs(5)).unwrap();
+    echo_through(fixed, b"fixed", Duration::from_secs(5)).unwrap();
+    let err = TcpStream::connect_timeout(&a, Duration::from_secs(5)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+    open.write_all(b"still").unwrap();
+    let mut back = [0; 5];
+    open.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"still");
+
+    // An invalid file, and one whose new address is taken, change nothing.
+    let taken = TcpListener::bind("127.0.0.5:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap();
+    for (text, needle) in [
+        (format!("{b}={target}\nnot a relay\n"), "line 2"),
+        (format!("{b}={target}\n{b}={target}\n"), "more than once"),
+        (
+            format!("{b}={target}\n{taken_addr}={target}\n"),
+            "cannot listen on",
+        ),
+    ] {
+        replace_file(&file, &text);
+        support::kill(fwd.pid(), libc::SIGHUP);
+        let line = fwd.wait_for_line("reload refused", Duration::from_secs(5));
+        assert!(line.contains(needle), "{line}");
+        echo_through(b, b"unchanged", Duration::from_secs(5)).unwrap();
+    }
+    // A missing file too.
+    std::fs::remove_file(&file).unwrap();
+    support::kill(fwd.pid(), libc::SIGHUP);
+    fwd.wait_for_line("reload refused", Duration::from_secs(5));
+    echo_through(b, b"unchanged", Duration::from_secs(5)).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_empty_relays_file_starts_and_grows() {
+    let target = echo_server();
+    let dir = std::env::temp_dir().join(format!("as-fwd-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("relays");
+    replace_file(&file, "");
+    let fwd = Forwarder::spawn(&["--relays".to_owned(), file.display().to_string()]);
+    // SIGHUP's handler is installed before this line: a signal sent earlier would end the process.
+    fwd.wait_for_line("ready: 0 relays", Duration::from_secs(10));
+    let a = free_port("127.0.0.2");
+    replace_file(&file, &format!("{a}={target}\n"));
+    support::kill(fwd.pid(), libc::SIGHUP);
+    let line = fwd.wait_for_line("reloaded:", Duration::from_secs(5));
+    assert!(line.contains("1 relays, 1 opened, 0 closed"), "{line}");
+    echo_through(a, b"grown", Duration::from_secs(5)).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

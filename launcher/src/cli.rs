@@ -19,6 +19,8 @@ use clap::Parser;
     after_help = "Arguments after the launcher's options go to Claude Code untouched \
                   (`agent-sandbox --continue`). To pass one that the launcher also knows, put `--` first: \
                   `agent-sandbox -- --help` shows Claude's help.\n\n\
+                  Running sessions: agent-sandbox allow|deny|reload|sessions|blocked (first argument \
+                  only; each has --help).\n\n\
                   Environment: AGENT_SANDBOX_IMAGE, AGENT_SANDBOX_ROUTER_IMAGE, AGENT_SANDBOX_ALLOWLIST, \
                   AGENT_SANDBOX_HOME_VOLUME (see --print-config for what is in effect)."
 )]

@@ -4,10 +4,12 @@
 //! `main.rs` only calls [`main`]. The modules: [`cli`] (what the user asked), [`settings`] (images,
 //! allowlist, home volume), [`workdir`] (directories the sandbox may not be given), [`podman`] (every
 //! podman command line), [`session`] (the topology and its lifecycle), [`liveness`] (stale sessions),
-//! [`report`] (what the router refused), [`signals`] and [`images`] (`--build-images`).
+//! [`report`] (what the router refused), [`signals`] and [`images`] (`--build-images`), [`live`]
+//! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist).
 
 pub mod cli;
 pub mod images;
+pub mod live;
 pub mod liveness;
 pub mod podman;
 pub mod report;
@@ -57,6 +59,9 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
 /// The whole program: parse, run, report errors (with their causes) on stderr.
 #[must_use]
 pub fn main() -> ExitCode {
+    if let Some(code) = live::main_if_live(&std::env::args_os().collect::<Vec<_>>()) {
+        return code;
+    }
     let cli = Cli::parse();
     let action = match cli.action() {
         Ok(a) => a,

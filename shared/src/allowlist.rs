@@ -4,6 +4,7 @@
 //! api.anthropic.com      # exactly this host, ports 80 and 443
 //! .example.com           # example.com and every subdomain, ports 80 and 443
 //! db.example.com:5432    # this exact host on TCP 5432 too (and on 80/443)
+//! @pypi                  # a named group: every host of that vetted list (see `groups`)
 //! ```
 //!
 //! Parsing collects every error in the file (each with its line number, its text and what was expected)
@@ -74,6 +75,9 @@ pub enum EntryError {
     /// Two or more words on one line.
     #[error("one entry per line: found more than one word")]
     SeveralWords,
+    /// `@name` where no group has that name.
+    #[error("unknown group `@{0}`; the groups are {groups}", groups = crate::groups::names())]
+    UnknownGroup(String),
     /// The name itself is invalid.
     #[error("{0}")]
     Name(#[from] NameError),
@@ -185,8 +189,10 @@ impl Allowlist {
             if content.is_empty() {
                 continue;
             }
-            match parse_entry(content) {
-                Ok(entry) => parsed.push((line, content.to_owned(), entry)),
+            match parse_line(content) {
+                Ok(entries) => {
+                    parsed.extend(entries.into_iter().map(|e| (line, content.to_owned(), e)));
+                }
                 Err(error) => errors.push(LineError {
                     line,
                     text: content.to_owned(),
@@ -275,6 +281,22 @@ impl fmt::Display for Warning {
     }
 }
 
+/// Parses one line's content (comment and surrounding whitespace stripped): one entry, or a group's
+/// entries for `@name`.
+pub fn parse_line(content: &str) -> Result<Vec<Entry>, EntryError> {
+    let Some(group) = content.strip_prefix('@') else {
+        return parse_entry(content).map(|e| vec![e]);
+    };
+    if content.split_whitespace().nth(1).is_some() {
+        return Err(EntryError::SeveralWords);
+    }
+    let group =
+        crate::groups::find(group).ok_or_else(|| EntryError::UnknownGroup(group.to_owned()))?;
+    // The group hosts are checked by the groups' own tests; a failure here would be a build defect,
+    // reported like any other line rather than a panic.
+    group.hosts.iter().map(|h| parse_entry(h.entry)).collect()
+}
+
 /// Parses one entry, already stripped of comment and surrounding whitespace.
 pub fn parse_entry(content: &str) -> Result<Entry, EntryError> {
     if content.split_whitespace().nth(1).is_some() {
@@ -355,6 +377,29 @@ db.example.com:5432
     }
 
     #[test]
+    fn groups_expand_in_place() {
+        let list = Allowlist::parse("web.test\n@PyPI  # python\n@anthropic\n", "t").unwrap();
+        let names: Vec<String> = list.entries().iter().map(Entry::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "web.test",
+                "pypi.org",
+                "files.pythonhosted.org",
+                "api.anthropic.com",
+                "platform.claude.com",
+                "claude.ai",
+            ]
+        );
+        // A host both listed and in a group is a duplicate, reported on the group's line.
+        let list = Allowlist::parse("pypi.org\n@pypi\n", "t").unwrap();
+        assert_eq!(list.entries().len(), 2);
+        assert_eq!(list.warnings().len(), 1);
+        assert_eq!(list.warnings()[0].line, 2);
+        assert_eq!(list.warnings()[0].text, "@pypi");
+    }
+
+    #[test]
     fn empty_is_valid() {
         assert!(Allowlist::parse("", "t").unwrap().entries().is_empty());
         assert!(Allowlist::parse("# nothing\n\n  \n", "t")
@@ -384,6 +429,12 @@ db.example.com:5432
             ("bücher.de", "punycode"),
             ("a.com b.com", "one entry per line"),
             ("exa$mple.com", "not allowed in a host name"),
+            (
+                "@nosuchgroup",
+                "unknown group `@nosuchgroup`; the groups are @anthropic",
+            ),
+            ("@", "unknown group `@`"),
+            ("@pypi extra", "one entry per line"),
         ];
         for (entry, expect) in cases {
             let text = format!("ok.example\n\n{entry}  # comment\n");

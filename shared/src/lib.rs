@@ -7,6 +7,7 @@
 
 pub mod allowlist;
 pub mod config;
+pub mod groups;
 pub mod logs;
 pub mod name;
 #[cfg(feature = "net")]

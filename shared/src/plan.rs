@@ -10,10 +10,16 @@
 //! (sorted by host then port), [`FORWARD_PORT_BASE`]` + i`. The forwarder relays, on every loopback
 //! address in use, 80 and 443 to the router's 80 and 443, and each port entry's port on its host's
 //! address to that entry's router port.
+//!
+//! A running session's allowlist can change ([`SessionPlan::extend`]): addresses and router ports
+//! already handed out stay as they are ([`PlanState`]), new hosts and entries take the next free ones.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
 
 use crate::config::{ForwardConfig, ListenConfig, RouterConfig};
 use crate::name::HostName;
@@ -114,6 +120,34 @@ pub enum PlanError {
     TooManyPortHosts(usize),
 }
 
+/// What a session has handed out so far: the loopback address of every host that ever had a port
+/// entry and the router port of every host:port entry, kept when entries are removed. A live allowlist
+/// change ([`SessionPlan::extend`]) starts from it, so an address or port the sandbox has already
+/// seen never changes meaning: processes inside keep cached DNS answers and open relays.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanState {
+    /// Loopback address per port-entry host (by name).
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Ipv4Addr>,
+    /// Router port per host:port entry, keyed `host:port`.
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+}
+
+impl PlanState {
+    /// The state as JSON, for the session directory.
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a map of strings to addresses serializes")
+    }
+
+    /// Reads [`PlanState::to_json`]'s output.
+    pub fn from_json(text: &str) -> Result<PlanState, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
 /// Everything a session's processes need to agree on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionPlan {
@@ -125,22 +159,74 @@ pub struct SessionPlan {
     pub relays: Vec<Relay>,
     /// Which names resolve to which loopback address, for humans (`--check`, the launcher's report).
     pub loopbacks: Vec<LoopbackAssignment>,
+    /// Every address and router port handed out so far, this plan's included.
+    pub state: PlanState,
 }
 
 impl SessionPlan {
     /// Computes the plan for a policy and the router's session-network address.
     pub fn new(policy: &Policy, router_ip: Ipv4Addr) -> Result<SessionPlan, PlanError> {
+        SessionPlan::extend(policy, router_ip, &PlanState::default())
+    }
+
+    /// The plan for a new policy in a running session: every host and host:port entry that `previous`
+    /// knows keeps its address and router port; new ones get the next free ones (sorted by name, so
+    /// the result is deterministic), never one handed out before, even to a host since removed.
+    pub fn extend(
+        policy: &Policy,
+        router_ip: Ipv4Addr,
+        previous: &PlanState,
+    ) -> Result<SessionPlan, PlanError> {
         let entries: Vec<(&HostName, u16)> = policy.port_entries().collect();
-        if entries.len() > MAX_PORT_ENTRIES {
-            return Err(PlanError::TooManyPortEntries(entries.len()));
-        }
         let port_hosts: Vec<&HostName> = policy.port_hosts().collect();
+        let mut state = previous.clone();
+
         // 127.0.0.3 ..= 127.255.255.254
-        let available = (u32::from(Ipv4Addr::new(127, 255, 255, 254))
-            - u32::from(FIRST_PORT_HOST_LOOPBACK)
-            + 1) as usize;
-        if port_hosts.len() > available {
-            return Err(PlanError::TooManyPortHosts(port_hosts.len()));
+        let last_address = u32::from(Ipv4Addr::new(127, 255, 255, 254));
+        let mut next_address = state
+            .hosts
+            .values()
+            .map(|a| u32::from(*a) + 1)
+            .max()
+            .unwrap_or(u32::from(FIRST_PORT_HOST_LOOPBACK))
+            .max(u32::from(FIRST_PORT_HOST_LOOPBACK));
+        let new_hosts = port_hosts
+            .iter()
+            .filter(|h| !state.hosts.contains_key(h.as_str()))
+            .count();
+        if u64::from(next_address) + new_hosts as u64 > u64::from(last_address) + 1 {
+            return Err(PlanError::TooManyPortHosts(state.hosts.len() + new_hosts));
+        }
+        for host in &port_hosts {
+            if !state.hosts.contains_key(host.as_str()) {
+                state
+                    .hosts
+                    .insert(host.to_string(), Ipv4Addr::from(next_address));
+                next_address += 1;
+            }
+        }
+        let mut next_port = state
+            .ports
+            .values()
+            .map(|p| u32::from(*p) + 1)
+            .max()
+            .unwrap_or(u32::from(FORWARD_PORT_BASE));
+        let new_entries = entries
+            .iter()
+            .filter(|(h, p)| !state.ports.contains_key(&format!("{h}:{p}")))
+            .count();
+        if next_port as usize + new_entries > u16::MAX as usize + 1 {
+            return Err(PlanError::TooManyPortEntries(
+                state.ports.len() + new_entries,
+            ));
+        }
+        for (host, port) in &entries {
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                state.ports.entry(format!("{host}:{port}"))
+            {
+                slot.insert(next_port as u16);
+                next_port += 1;
+            }
         }
 
         let mut router = RouterConfig::from_policy(policy, SHARED_LOOPBACK);
@@ -174,9 +260,8 @@ impl SessionPlan {
             web_relays(&mut relays, SHARED_LOOPBACK);
         }
 
-        let first = u32::from(FIRST_PORT_HOST_LOOPBACK);
-        for (i, host) in port_hosts.iter().enumerate() {
-            let address = Ipv4Addr::from(first + i as u32);
+        for host in &port_hosts {
+            let address = state.hosts[host.as_str()];
             router.answers.hosts.insert(host.to_string(), address);
             loopbacks.push(LoopbackAssignment {
                 address,
@@ -184,8 +269,8 @@ impl SessionPlan {
             });
             web_relays(&mut relays, address);
         }
-        for (i, (host, port)) in entries.iter().enumerate() {
-            let router_port = FORWARD_PORT_BASE + i as u16;
+        for (host, port) in &entries {
+            let router_port = state.ports[&format!("{host}:{port}")];
             let listen = SocketAddr::V4(SocketAddrV4::new(router_ip, router_port));
             router.forwards.push(ForwardConfig {
                 host: host.to_string(),
@@ -204,6 +289,7 @@ impl SessionPlan {
             router,
             relays,
             loopbacks,
+            state,
         })
     }
 
@@ -211,6 +297,12 @@ impl SessionPlan {
     #[must_use]
     pub fn forwarder_args(&self) -> Vec<String> {
         self.relays.iter().map(Relay::to_string).collect()
+    }
+
+    /// The forwarder's relays file (`--relays FILE`): one `LISTEN=TARGET` per line.
+    #[must_use]
+    pub fn relays_file(&self) -> String {
+        self.relays.iter().map(|r| format!("{r}\n")).collect()
     }
 }
 
@@ -267,6 +359,138 @@ mod tests {
         assert_eq!(
             valid.limits.max_connections_per_client.get(),
             valid.limits.max_connections.get()
+        );
+    }
+
+    fn policy(text: &str) -> Policy {
+        Policy::new(&Allowlist::parse(text, "t").unwrap())
+    }
+
+    const ROUTER: Ipv4Addr = Ipv4Addr::new(10, 89, 3, 2);
+
+    /// Host addresses, and (host, port, router port) per entry.
+    type HandedOut = (Vec<(String, Ipv4Addr)>, Vec<(String, u16, u16)>);
+
+    /// The address each port host resolves to and the router port of each entry.
+    fn handed_out(p: &SessionPlan) -> HandedOut {
+        let hosts = p
+            .router
+            .answers
+            .hosts
+            .iter()
+            .map(|(h, a)| (h.clone(), *a))
+            .collect();
+        let ports = p
+            .router
+            .forwards
+            .iter()
+            .map(|f| (f.host.clone(), f.port, f.listen.port()))
+            .collect();
+        (hosts, ports)
+    }
+
+    #[test]
+    fn extending_keeps_every_address_and_port_handed_out() {
+        let first = SessionPlan::new(&policy("m.com:22\nz.com:5432\n"), ROUTER).unwrap();
+        // (new policy, expected host addresses, expected (host, port, router port))
+        type Case = (
+            &'static str,
+            &'static [(&'static str, [u8; 4])],
+            &'static [(&'static str, u16, u16)],
+        );
+        let cases: &[Case] = &[
+            // A host sorting before both gets the next free address, not 127.0.0.3.
+            (
+                "a.com:1\nm.com:22\nz.com:5432\n",
+                &[
+                    ("a.com", [127, 0, 0, 5]),
+                    ("m.com", [127, 0, 0, 3]),
+                    ("z.com", [127, 0, 0, 4]),
+                ],
+                &[
+                    ("a.com", 1, 10002),
+                    ("m.com", 22, 10000),
+                    ("z.com", 5432, 10001),
+                ],
+            ),
+            // A removed host's address and port are not given to anyone else.
+            (
+                "b.com:2\nz.com:5432\n",
+                &[("b.com", [127, 0, 0, 5]), ("z.com", [127, 0, 0, 4])],
+                &[("b.com", 2, 10002), ("z.com", 5432, 10001)],
+            ),
+            // A second port on a known host: same address, next router port.
+            (
+                "m.com:22\nm.com:23\nz.com:5432\n",
+                &[("m.com", [127, 0, 0, 3]), ("z.com", [127, 0, 0, 4])],
+                &[
+                    ("m.com", 22, 10000),
+                    ("m.com", 23, 10002),
+                    ("z.com", 5432, 10001),
+                ],
+            ),
+            // Plain names only: no port host, the shared address comes into use.
+            ("x.com\n", &[], &[]),
+        ];
+        for (text, hosts, ports) in cases {
+            let next = SessionPlan::extend(&policy(text), ROUTER, &first.state).unwrap();
+            let (got_hosts, got_ports) = handed_out(&next);
+            let want_hosts: Vec<(String, Ipv4Addr)> = hosts
+                .iter()
+                .map(|(h, a)| ((*h).to_owned(), Ipv4Addr::from(*a)))
+                .collect();
+            let want_ports: Vec<(String, u16, u16)> = ports
+                .iter()
+                .map(|(h, p, r)| ((*h).to_owned(), *p, *r))
+                .collect();
+            assert_eq!(got_hosts, want_hosts, "{text}");
+            assert_eq!(got_ports, want_ports, "{text}");
+            // The state remembers everything, removed hosts included.
+            for (h, addr) in &first.state.hosts {
+                assert_eq!(next.state.hosts[h], *addr, "{text}");
+            }
+            assert_eq!(
+                RouterConfig::from_toml(&next.router.to_toml()).unwrap(),
+                next.router
+            );
+        }
+        // Removing, then adding back: the old address and port come back.
+        let removed = SessionPlan::extend(&policy("z.com:5432\n"), ROUTER, &first.state).unwrap();
+        let back =
+            SessionPlan::extend(&policy("m.com:22\nz.com:5432\n"), ROUTER, &removed.state).unwrap();
+        assert_eq!(back.relays, first.relays);
+        assert_eq!(back.router, first.router);
+        // The state survives its JSON round trip, and a fresh plan equals one extended from nothing.
+        assert_eq!(
+            PlanState::from_json(&back.state.to_json()).unwrap(),
+            back.state
+        );
+        assert!(PlanState::from_json("{\"hosts\":{},\"extra\":1}").is_err());
+        assert_eq!(
+            SessionPlan::extend(&policy("m.com:22\n"), ROUTER, &PlanState::default()).unwrap(),
+            SessionPlan::new(&policy("m.com:22\n"), ROUTER).unwrap()
+        );
+    }
+
+    #[test]
+    fn extending_past_the_ranges_is_an_error() {
+        let mut full = PlanState::default();
+        full.hosts
+            .insert("last.com".into(), Ipv4Addr::new(127, 255, 255, 254));
+        let err = SessionPlan::extend(&policy("new.com:22\n"), ROUTER, &full).unwrap_err();
+        assert!(matches!(err, PlanError::TooManyPortHosts(2)), "{err}");
+        let mut ports = PlanState::default();
+        ports.ports.insert("last.com:1".into(), u16::MAX);
+        let err = SessionPlan::extend(&policy("new.com:22\n"), ROUTER, &ports).unwrap_err();
+        assert!(matches!(err, PlanError::TooManyPortEntries(2)), "{err}");
+    }
+
+    #[test]
+    fn relays_file_lists_one_relay_per_line() {
+        let p = plan("a.com\n");
+        assert_eq!(
+            p.relays_file(),
+            "127.0.0.2:80=10.89.3.2:80\n127.0.0.2:443=10.89.3.2:443\n"
         );
     }
 

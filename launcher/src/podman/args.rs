@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::{
     ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
-    FORWARDER_LOG_MAX, FORWARDER_PATH, LABEL_SESSION, LABEL_SHARED, NO_HOST_ENV, NO_IPV6,
-    ROUTER_CONFIG_PATH, ROUTER_LOG_MAX, STOP_TIMEOUT_SECS,
+    FORWARDER_LOG_MAX, FORWARDER_PATH, FORWARDER_RELAYS_DIR, FORWARDER_RELAYS_PATH, LABEL_SESSION,
+    LABEL_SHARED, NO_HOST_ENV, NO_IPV6, ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH, ROUTER_LOG_MAX,
+    STOP_TIMEOUT_SECS,
 };
 
 /// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
@@ -161,7 +162,7 @@ pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
         .opt("--security-opt", "label=disable")
         .opt(
             "--volume",
-            mount(&spec.config_file, Path::new(ROUTER_CONFIG_PATH), ":ro"),
+            mount(&spec.config_dir, Path::new(ROUTER_CONFIG_DIR), ":ro"),
         )
         .arg(&spec.image)
         // One worker thread: a session's router serves one sandbox, and the sandbox keeps the
@@ -197,7 +198,9 @@ pub fn pod_create(spec: &PodSpec) -> Vec<OsString> {
 }
 
 /// The forwarder in the pod: read-only, no capability but NET_BIND_SERVICE (it binds 80/443 and port
-/// entries below 1024 on the loopback addresses).
+/// entries below 1024 on the loopback addresses). Its relays come from the session directory's
+/// `forwarder/`, mounted as a directory only into this container (the sandbox container of the same pod
+/// cannot see it), and re-read on SIGHUP.
 #[must_use]
 pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
     Argv::new(&["run", "--detach"])
@@ -213,9 +216,13 @@ pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
         .opt("--log-opt", format!("max-size={FORWARDER_LOG_MAX}"))
         .opt("--security-opt", "no-new-privileges")
         .opt("--security-opt", "label=disable")
+        .opt(
+            "--volume",
+            mount(&spec.relays_dir, Path::new(FORWARDER_RELAYS_DIR), ":ro"),
+        )
         .opt("--entrypoint", FORWARDER_PATH)
         .arg(&spec.image)
-        .args(&spec.relays)
+        .args(["--relays", FORWARDER_RELAYS_PATH])
         .done()
 }
 
@@ -300,6 +307,24 @@ pub fn ps_sessions() -> Vec<OsString> {
     list_sessions(&["ps", "--all"])
 }
 
+/// Running containers (JSON) carrying the session label: the live commands' view of the sessions.
+#[must_use]
+pub fn ps_running_sessions() -> Vec<OsString> {
+    list_sessions(&["ps"])
+}
+
+/// A container's log from `since` (seconds since the epoch, with a fraction) on; `follow` keeps it open
+/// and prints what comes.
+#[must_use]
+pub fn logs_since(name: &str, since: f64, follow: bool) -> Vec<OsString> {
+    let mut a = Argv::new(&["logs"]);
+    a.opt("--since", format!("{since:.6}"));
+    if follow {
+        a.arg("--follow");
+    }
+    a.arg(name).done()
+}
+
 /// Pods (JSON) carrying the session label.
 #[must_use]
 pub fn pod_ps_sessions() -> Vec<OsString> {
@@ -336,6 +361,24 @@ pub fn kill(name: &str, signal: i32) -> Vec<OsString> {
     Argv::new(&["kill"])
         .opt("--signal", signal.to_string())
         .arg(name)
+        .done()
+}
+
+/// Where a container's k8s-file log is on the host.
+#[must_use]
+pub fn log_path(name: &str) -> Vec<OsString> {
+    Argv::new(&["container", "inspect"])
+        .opt("--format", "{{.HostConfig.LogConfig.Path}}")
+        .arg(name)
+        .done()
+}
+
+/// Sends a signal (by number) to several containers' main processes with one podman command.
+#[must_use]
+pub fn kill_many(names: &[&str], signal: i32) -> Vec<OsString> {
+    Argv::new(&["kill"])
+        .opt("--signal", signal.to_string())
+        .args(names.iter().copied())
         .done()
 }
 
@@ -420,7 +463,7 @@ mod tests {
             session_network: "agent-sandbox-abc123".into(),
             session_ip: Ipv4Addr::new(10, 89, 3, 2),
             egress_network: "agent-sandbox-egress".into(),
-            config_file: "/tmp/s/router.toml".into(),
+            config_dir: "/tmp/s/router".into(),
         }
     }
 
@@ -464,7 +507,7 @@ mod tests {
             labels: l.clone(),
             pod: "p".into(),
             image: "i".into(),
-            relays: vec!["127.0.0.2:443=10.89.3.2:443".into()],
+            relays_dir: "/tmp/s/forwarder".into(),
         }));
         let s = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
         for argv in [net, r, pod, f, s] {
@@ -490,7 +533,7 @@ mod tests {
             labels: labels(),
             pod: "p".into(),
             image: "i".into(),
-            relays: vec![],
+            relays_dir: "/tmp/s/forwarder".into(),
         }));
         assert!(
             has(&forwarder, &["--log-opt", "max-size=1mb"]),
@@ -508,7 +551,7 @@ mod tests {
             labels: labels(),
             pod: "p".into(),
             image: "i".into(),
-            relays: vec![],
+            relays_dir: "/tmp/s/forwarder".into(),
         }));
         let rootless = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
         let rootful = strs(&sandbox_run(&sandbox(UserMapping::Host {
@@ -567,10 +610,7 @@ mod tests {
         assert!(has(&a, &["--security-opt", "label=disable"]));
         assert!(has(
             &a,
-            &[
-                "--volume",
-                "/tmp/s/router.toml:/etc/agent-sandbox/router.toml:ro"
-            ]
+            &["--volume", "/tmp/s/router:/etc/agent-sandbox:ro"]
         ));
         // Options first, then the image, then the router's own arguments.
         let image = a
@@ -624,16 +664,35 @@ mod tests {
     }
 
     #[test]
+    fn live_commands_list_running_sessions_and_read_logs_from_a_time() {
+        assert_eq!(
+            strs(&ps_running_sessions()),
+            [
+                "ps",
+                "--filter",
+                "label=agent-sandbox.session",
+                "--format",
+                "json"
+            ]
+        );
+        assert_eq!(
+            strs(&logs_since("r", 1.5, true)),
+            ["logs", "--since", "1.500000", "--follow", "r"]
+        );
+        assert_eq!(
+            strs(&logs_since("r", 2.0, false)),
+            ["logs", "--since", "2.000000", "r"]
+        );
+    }
+
+    #[test]
     fn forwarder_is_read_only_with_only_net_bind_service() {
         let a = strs(&forwarder_run(&ForwarderSpec {
             name: "agent-sandbox-abc123-forwarder".into(),
             labels: labels(),
             pod: "agent-sandbox-abc123".into(),
             image: "localhost/agent-sandbox-router:dev".into(),
-            relays: vec![
-                "127.0.0.2:80=10.89.3.2:80".into(),
-                "127.0.0.2:443=10.89.3.2:443".into(),
-            ],
+            relays_dir: "/tmp/s/forwarder".into(),
         }));
         assert!(has(&a, &["--pod", "agent-sandbox-abc123"]));
         assert!(a.contains(&"--read-only".to_owned()));
@@ -647,10 +706,18 @@ mod tests {
                 "--entrypoint",
                 FORWARDER_PATH,
                 "localhost/agent-sandbox-router:dev",
-                "127.0.0.2:80=10.89.3.2:80",
-                "127.0.0.2:443=10.89.3.2:443"
+                "--relays",
+                "/etc/agent-sandbox-forwarder/relays"
             ]
         ));
+        assert!(has(
+            &a,
+            &[
+                "--volume",
+                "/tmp/s/forwarder:/etc/agent-sandbox-forwarder:ro"
+            ]
+        ));
+        assert_eq!(count(&a, "--volume"), 1);
         assert!(!a.iter().any(|s| s.starts_with("--network")));
     }
 

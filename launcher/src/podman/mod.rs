@@ -36,8 +36,14 @@ pub const LABEL_PROJECT: &str = "agent-sandbox.project";
 /// Label on the shared objects a session creates but does not remove (egress network, home volume).
 pub const LABEL_SHARED: &str = "agent-sandbox.shared";
 
+/// Where the session directory's `router/` is mounted inside the router container.
+pub const ROUTER_CONFIG_DIR: &str = "/etc/agent-sandbox";
 /// Where the router finds its configuration inside its container.
 pub const ROUTER_CONFIG_PATH: &str = "/etc/agent-sandbox/router.toml";
+/// Where the session directory's `forwarder/` is mounted inside the forwarder container.
+pub const FORWARDER_RELAYS_DIR: &str = "/etc/agent-sandbox-forwarder";
+/// The forwarder's relays file inside its container (`--relays`), re-read on SIGHUP.
+pub const FORWARDER_RELAYS_PATH: &str = "/etc/agent-sandbox-forwarder/relays";
 /// The forwarder's path inside the router image (it runs from that image with `--entrypoint`).
 pub const FORWARDER_PATH: &str = "/agent-sandbox-forwarder";
 

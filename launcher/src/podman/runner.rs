@@ -147,6 +147,19 @@ impl Podman {
         }
     }
 
+    /// Starts a podman command whose stdout and stderr the caller reads (`logs --follow`).
+    pub fn spawn_piped(&self, args: &[OsString]) -> Result<Child, PodmanError> {
+        self.command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => PodmanError::NotInstalled,
+                _ => PodmanError::Spawn(e),
+            })
+    }
+
     /// Starts the sandbox's `podman run` with the launcher's terminal: it stays in the launcher's process
     /// group, because with a TTY podman must be in the terminal's foreground group.
     pub fn spawn_foreground(&self, args: &[OsString]) -> Result<Child, PodmanError> {

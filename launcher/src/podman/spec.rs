@@ -83,8 +83,10 @@ pub struct RouterSpec {
     pub session_ip: Ipv4Addr,
     /// The shared egress network (the world's side).
     pub egress_network: String,
-    /// The router configuration file on the host, mounted read-only.
-    pub config_file: PathBuf,
+    /// The directory on the host holding the router's configuration ([`super::ROUTER_CONFIG_PATH`]'s
+    /// file name), mounted read-only as a directory so that a configuration replaced by rename (a live
+    /// allowlist change) is what the router reads on SIGHUP; a single-file mount would keep the old inode.
+    pub config_dir: PathBuf,
 }
 
 /// The pod: holds the sandbox's network namespace, resolver and hosts file.
@@ -113,8 +115,9 @@ pub struct ForwarderSpec {
     pub pod: String,
     /// The router image, which also holds the forwarder.
     pub image: String,
-    /// `LISTEN=TARGET` relays.
-    pub relays: Vec<String>,
+    /// The directory on the host holding the relays file ([`super::FORWARDER_RELAYS_PATH`]'s file
+    /// name), mounted read-only as a directory for the same reason as the router's.
+    pub relays_dir: PathBuf,
 }
 
 /// The sandbox container in the pod.

@@ -19,7 +19,7 @@ mod checks;
 mod cleanup;
 mod command;
 mod readiness;
-mod rundir;
+pub(crate) mod rundir;
 mod shared;
 mod stale;
 mod start;

@@ -21,7 +21,7 @@ pub(super) fn new_session_id() -> anyhow::Result<String> {
 }
 
 /// The directory for the session's router configuration, hosts and resolv.conf, in [`sessions_root`].
-pub(super) fn session_dir(session: &str) -> PathBuf {
+pub(crate) fn session_dir(session: &str) -> PathBuf {
     sessions_root().join(format!("{NAME_PREFIX}{session}"))
 }
 

@@ -15,6 +15,7 @@ use super::readiness::wait_listening;
 use super::rundir::{create_session_dir, new_session_id, session_dir, write_file};
 use super::shared::Shared;
 use super::{interrupted, join, SessionError, NAME_PREFIX};
+use crate::live::files;
 use crate::liveness;
 use crate::podman::json::Network;
 use crate::podman::{args, ForwarderSpec, NetworkSpec, PodSpec, Podman, RouterSpec, SessionLabels};
@@ -76,8 +77,10 @@ struct Planned {
     router_ip: Ipv4Addr,
     /// The router's configuration and the forwarder's relays.
     plan: SessionPlan,
-    /// The router's configuration file.
+    /// The router's configuration directory.
     config: PathBuf,
+    /// The forwarder's relays directory.
+    relays: PathBuf,
     /// The session's /etc/hosts.
     hosts: PathBuf,
     /// The session's /etc/resolv.conf.
@@ -121,8 +124,23 @@ fn plan(
     plan.router.resolvers.clone_from(&shared.resolvers);
     plan.router.allowlist = Some(settings.allowlist.display().to_string());
 
-    let config = dir.join("router.toml");
-    write_file(&config, &plan.router.to_toml())?;
+    // The policy files (router configuration, relays, addresses handed out) and who the session is:
+    // what the live commands (`allow`, `deny`, `reload`, `sessions`) read and replace.
+    files::create_layout(&dir)?;
+    files::write_plan(&dir, &plan)?;
+    files::write_meta(
+        &dir,
+        &files::SessionMeta {
+            id: session.clone(),
+            project: checked.project.clone(),
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            allowlist: settings.allowlist.clone(),
+            router_ip,
+        },
+    )?;
+    let config = dir.join(files::ROUTER_DIR);
     let hosts = dir.join("hosts");
     // IPv4 only: IPv6 is disabled in the pod's netns, so ::1 does not exist there.
     write_file(&hosts, "127.0.0.1\tlocalhost\n")?;
@@ -135,6 +153,7 @@ fn plan(
         router_ip,
         plan,
         config,
+        relays: dir.join(files::FORWARDER_DIR),
         hosts,
         resolv,
     })
@@ -146,7 +165,7 @@ struct Names {
     router: String,
     /// The pod.
     pod: String,
-    /// The forwarder container in the pod (created only when there are relays).
+    /// The forwarder container in the pod (always created: a live `allow` may give it relays).
     forwarder: String,
 }
 
@@ -166,7 +185,6 @@ fn launch(
     let forwarder = format!("{base}-forwarder");
     cleanup.router = Some(router.clone());
     cleanup.pod = Some(pod.clone());
-    let relays = planned.plan.forwarder_args();
     let router_spec = RouterSpec {
         name: router.clone(),
         labels: planned.labels.clone(),
@@ -174,7 +192,7 @@ fn launch(
         session_network: planned.network.clone(),
         session_ip: planned.router_ip,
         egress_network: EGRESS_NETWORK.to_owned(),
-        config_file: planned.config.clone(),
+        config_dir: planned.config.clone(),
     };
     let pod_spec = PodSpec {
         name: pod.clone(),
@@ -188,17 +206,13 @@ fn launch(
         labels: planned.labels.clone(),
         pod: pod.clone(),
         image: settings.router_image.clone(),
-        relays: relays.clone(),
+        relays_dir: planned.relays.clone(),
     };
     let (router_started, pod_started) = std::thread::scope(|s| {
         let r = s.spawn(|| podman.run(&args::router_run(&router_spec)));
-        let p = podman.run(&args::pod_create(&pod_spec)).and_then(|_| {
-            if relays.is_empty() {
-                Ok(String::new())
-            } else {
-                podman.run(&args::forwarder_run(&forwarder_spec))
-            }
-        });
+        let p = podman
+            .run(&args::pod_create(&pod_spec))
+            .and_then(|_| podman.run(&args::forwarder_run(&forwarder_spec)));
         (join(r), p)
     });
     router_started?;

@@ -3,10 +3,12 @@
 
 use crate::suite::Suite;
 
+mod claude_hosts;
 mod cleanup;
 mod concurrent;
 mod escapes;
 mod files;
+mod live;
 mod nested;
 mod reach;
 mod refusals;
@@ -28,4 +30,6 @@ pub(crate) const ALL: &[Scenario] = &[
     ("cleanup", cleanup::run),
     ("concurrent", concurrent::run),
     ("stale", stale::run),
+    ("claude_hosts", claude_hosts::run),
+    ("live", live::run),
 ];

@@ -1,0 +1,513 @@
+//! Changing what a running session may reach, from the host: `allow`, `deny`, `reload`, `sessions` and
+//! `blocked` (issue 14).
+//!
+//! These words are subcommands only as the launcher's first argument; anything else still goes to
+//! Claude, and `agent-sandbox -- allow` passes `allow` to Claude. The modules: [`edit`] (the allowlist
+//! file's text: append with a dated comment, remove whole lines), [`files`] (a session directory's
+//! policy files), [`sessions`] (finding running sessions, applying a policy to one: new plan, files
+//! replaced by rename, router and forwarder sent SIGHUP, the router's verdict read from its log) and
+//! [`blocked`] (refused names, escaped for the terminal).
+//!
+//! Everything happens on the host, as the user: the sandbox mounts none of these files and has no way
+//! to signal its router or forwarder. Validation is the start-up parser's; nothing is written or applied
+//! when any entry is invalid.
+
+pub mod blocked;
+pub mod edit;
+pub mod files;
+pub mod sessions;
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+
+use agent_sandbox_shared::allowlist::MAX_ALLOWLIST_BYTES;
+use agent_sandbox_shared::{groups, Allowlist};
+
+use crate::podman::Podman;
+use crate::settings::Settings;
+use sessions::Running;
+
+/// The first arguments that start a live command instead of a session.
+pub const WORDS: &[&str] = &["allow", "deny", "reload", "sessions", "blocked"];
+
+/// Live allowlist commands for running sessions.
+#[derive(Debug, Parser)]
+#[command(name = "agent-sandbox", version)]
+pub struct LiveCli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: LiveCommand,
+}
+
+/// One live command.
+#[derive(Debug, Subcommand, PartialEq, Eq)]
+pub enum LiveCommand {
+    /// Allow entries (`name`, `.domain`, `host:port`, `@group`): append them to the allowlist file and
+    /// apply them to every running session of yours.
+    Allow {
+        /// Apply to this running session only and leave the file unchanged.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// List the groups (`@name`) and their hosts.
+        #[arg(long, conflicts_with_all = ["session", "entries"])]
+        groups: bool,
+        /// The entries, in allowlist syntax.
+        #[arg(value_name = "ENTRY", required_unless_present = "groups")]
+        entries: Vec<String>,
+    },
+    /// Remove entries' lines from the allowlist file and from running sessions (relays and
+    /// connections already open go on).
+    Deny {
+        /// The entries, as written in the file.
+        #[arg(value_name = "ENTRY", required = true)]
+        entries: Vec<String>,
+    },
+    /// Re-read the allowlist file (after a hand edit) and apply it to running sessions.
+    Reload,
+    /// List your running sessions.
+    Sessions {
+        /// JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Names the sandbox was refused, per running session.
+    Blocked {
+        /// Only this session.
+        #[arg(value_name = "ID")]
+        id: Option<String>,
+        /// Print each new refused name as it happens.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow on a terminal: ask whether to allow each new name.
+        #[arg(long, requires = "follow")]
+        ask: bool,
+    },
+}
+
+/// `Some` when `argv` (program name first) is a live command: parses and runs it.
+#[must_use]
+pub fn main_if_live(argv: &[OsString]) -> Option<ExitCode> {
+    let first = argv.get(1)?.to_str()?;
+    if !WORDS.contains(&first) {
+        return None;
+    }
+    let cli = match LiveCli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return Some(ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)));
+        }
+    };
+    Some(match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent-sandbox: {e:#}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// Runs one live command.
+pub fn run(command: LiveCommand) -> anyhow::Result<()> {
+    let podman = Podman::default();
+    let settings = Settings::from_env(|k| std::env::var_os(k))?;
+    match command {
+        LiveCommand::Allow { groups: true, .. } => {
+            print!("{}", groups_text());
+            Ok(())
+        }
+        LiveCommand::Allow {
+            session: Some(id),
+            entries,
+            ..
+        } => {
+            let s = sessions::find(&podman, &id)?;
+            allow_session(&podman, &s, &entries)
+        }
+        LiveCommand::Allow { entries, .. } => allow_file(&podman, &settings, &entries),
+        LiveCommand::Deny { entries } => deny(&podman, &settings, &entries),
+        LiveCommand::Reload => reload(&podman, &settings),
+        LiveCommand::Sessions { json } => list_sessions(&podman, json),
+        LiveCommand::Blocked { id, follow, ask } => {
+            if follow {
+                blocked::follow(&podman, id.as_deref(), ask)
+            } else {
+                blocked::list(&podman, id.as_deref())
+            }
+        }
+    }
+}
+
+/// `allow --groups`.
+#[must_use]
+pub fn groups_text() -> String {
+    let mut out = String::new();
+    for g in groups::GROUPS {
+        out.push_str(&format!("@{}  {}\n", g.name, g.about));
+        let width = g.hosts.iter().map(|h| h.entry.len()).max().unwrap_or(0);
+        for h in g.hosts {
+            out.push_str(&format!("    {:<width$}  {}\n", h.entry, h.why));
+        }
+    }
+    out
+}
+
+/// Seconds since the epoch.
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The allowlist file to edit: the real file behind a symlink (a dotfile manager's link stays a link).
+fn real_path(path: &Path) -> PathBuf {
+    path.canonicalize().unwrap_or_else(|_| path.to_owned())
+}
+
+/// Reads the allowlist file's text (capped like the parser's `load`).
+fn read_allowlist(path: &Path) -> anyhow::Result<String> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read allowlist {}", path.display()))?;
+    if meta.len() > MAX_ALLOWLIST_BYTES {
+        bail!(
+            "allowlist {} is larger than {MAX_ALLOWLIST_BYTES} bytes; is it the right file?",
+            path.display()
+        );
+    }
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read allowlist {}", path.display()))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Replaces the allowlist file with `text` (validated), keeping its mode.
+fn write_allowlist(path: &Path, text: &str) -> anyhow::Result<()> {
+    let path = real_path(path);
+    let mode = std::fs::metadata(&path)
+        .with_context(|| format!("cannot read allowlist {}", path.display()))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    files::replace_file(&path, text, mode, files::Durability::Synced)
+}
+
+/// Applies the allowlist text `text` (of file `path`) to every running session started with that file;
+/// prints what happened to each. An error when any session could not take it.
+fn apply_to_all(podman: &Podman, path: &Path, text: &str) -> anyhow::Result<()> {
+    let all = sessions::running(podman)?;
+    if all.is_empty() {
+        println!("no running sessions; new sessions read {}", path.display());
+        return Ok(());
+    }
+    let name = path.display().to_string();
+    let targets: Vec<(&Running, Allowlist)> = all
+        .iter()
+        .filter(|s| sessions::same_file(&s.meta.allowlist, path))
+        .map(|s| {
+            let extra = files::read_extra(&s.dir)?;
+            Ok((s, sessions::session_allowlist(text, &name, &extra)?))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let outcomes = sessions::apply_all(podman, &targets);
+    let results: Vec<(&Running, Option<anyhow::Result<sessions::Applied>>)> = all
+        .iter()
+        .map(|s| {
+            let outcome = targets
+                .iter()
+                .position(|(t, _)| t.meta.id == s.meta.id)
+                .map(|i| {
+                    outcomes[i]
+                        .as_ref()
+                        .map(|a| a.clone())
+                        .map_err(|e| anyhow::anyhow!("{e:#}"))
+                });
+            (s, outcome)
+        })
+        .collect();
+    report_results(&results)
+}
+
+/// Prints each session's outcome; an error naming the sessions that failed.
+fn report_results(
+    results: &[(&Running, Option<anyhow::Result<sessions::Applied>>)],
+) -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    for (s, r) in results {
+        let who = format!(
+            "session {} ({})",
+            s.meta.id,
+            blocked::escape(&s.meta.project.display().to_string())
+        );
+        match r {
+            None => println!(
+                "{who}: not changed: it was started with another allowlist, {}",
+                blocked::escape(&s.meta.allowlist.display().to_string())
+            ),
+            Some(Ok(a)) => println!(
+                "{who}: applied in {} ms ({} entries in force)",
+                a.took.as_millis(),
+                a.entries
+            ),
+            Some(Err(e)) => {
+                println!("{who}: NOT applied: {e:#}");
+                failed.push(s.meta.id.clone());
+            }
+        }
+    }
+    let _ = std::io::stdout().flush();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("the change did not reach session(s) {}", failed.join(", "))
+    }
+}
+
+/// `allow ENTRY...`: appended to the file, applied to every running session using it.
+pub fn allow_file(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow::Result<()> {
+    let entries = edit::validate_args(entries)?;
+    let path = &settings.allowlist;
+    let text = read_allowlist(path)?;
+    let (new_text, added) = edit::append(&text, &entries, &edit::utc_date(now_secs()));
+    let name = path.display().to_string();
+    // The whole new file must parse: a file broken by a hand edit is reported, not half-applied.
+    Allowlist::parse(&new_text, &name)?;
+    if added.is_empty() {
+        println!("already in {name}: {}", entries.join(" "));
+    } else {
+        write_allowlist(path, &new_text)?;
+        println!("added to {name}: {}", added.join(" "));
+    }
+    apply_to_all(podman, path, &new_text)
+}
+
+/// `allow --session ID ENTRY...`: that session only; the file is unchanged.
+pub fn allow_session(podman: &Podman, s: &Running, entries: &[String]) -> anyhow::Result<()> {
+    let entries = edit::validate_args(entries)?;
+    let extra = files::read_extra(&s.dir)?;
+    let (new_extra, added) = edit::append(&extra, &entries, &edit::utc_date(now_secs()));
+    let path = &s.meta.allowlist;
+    let name = path.display().to_string();
+    let list = sessions::session_allowlist(&read_allowlist(path)?, &name, &new_extra)?;
+    files::write_extra(&s.dir, &new_extra)?;
+    if !added.is_empty() {
+        println!("added for session {} only: {}", s.meta.id, added.join(" "));
+    }
+    let r = sessions::apply_all(podman, &[(s, list)]).pop();
+    report_results(&[(s, r)])
+}
+
+/// `deny ENTRY...`: the entries' lines removed from the file (and from the sessions' own entries),
+/// applied to every running session using the file.
+pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow::Result<()> {
+    let entries = edit::validate_args(entries)?;
+    let path = &settings.allowlist;
+    let name = path.display().to_string();
+    let text = read_allowlist(path)?;
+    let (new_text, removed) = match edit::remove(&text, &entries) {
+        Ok(done) => done,
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("agent-sandbox: {p}");
+            }
+            bail!("nothing was changed");
+        }
+    };
+    Allowlist::parse(&new_text, &name)?;
+    // The sessions' own entries go too, or a denied name would stay allowed where it was allowed once.
+    for s in sessions::running(podman)? {
+        let extra = files::read_extra(&s.dir)?;
+        let kept = edit::remove_lenient(&extra, &entries);
+        if kept != extra {
+            files::write_extra(&s.dir, &kept)?;
+        }
+    }
+    write_allowlist(path, &new_text)?;
+    println!(
+        "removed {removed} line{} from {name}; new lookups and connections are refused, relays and connections already open go on until they close",
+        if removed == 1 { "" } else { "s" }
+    );
+    apply_to_all(podman, path, &new_text)
+}
+
+/// `reload`: the file re-read and applied; invalid lines are reported and nothing is applied.
+pub fn reload(podman: &Podman, settings: &Settings) -> anyhow::Result<()> {
+    let path = &settings.allowlist;
+    let text = read_allowlist(path)?;
+    let list = Allowlist::parse(&text, &path.display().to_string())?;
+    for w in list.warnings() {
+        eprintln!("agent-sandbox: warning: {}:{w}", path.display());
+    }
+    apply_to_all(podman, path, &text)
+}
+
+/// One line of `sessions --json`.
+#[derive(Debug, serde::Serialize)]
+struct SessionInfo {
+    /// The session id.
+    id: String,
+    /// The project directory.
+    project: PathBuf,
+    /// Start, seconds since the epoch.
+    started: u64,
+    /// Start, as `YYYY-MM-DD HH:MM UTC`.
+    started_utc: String,
+    /// The allowlist file it was started with.
+    allowlist: PathBuf,
+    /// Hosts, wildcards and host:port entries in force.
+    entries: usize,
+    /// Refused requests so far.
+    refusals: usize,
+}
+
+/// `sessions [--json]`.
+fn list_sessions(podman: &Podman, json: bool) -> anyhow::Result<()> {
+    let mut infos = Vec::new();
+    for s in sessions::running(podman)? {
+        let config = files::read_router_config(&s.dir)?;
+        let refusals = blocked::refusals(podman, &s)?
+            .values()
+            .map(|r| r.count)
+            .sum();
+        infos.push(SessionInfo {
+            id: s.meta.id.clone(),
+            project: s.meta.project.clone(),
+            started: s.meta.started,
+            started_utc: edit::utc_date(s.meta.started),
+            allowlist: s.meta.allowlist.clone(),
+            entries: config.hosts.len() + config.subdomains.len() + config.forwards.len(),
+            refusals,
+        });
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&infos)?);
+        return Ok(());
+    }
+    if infos.is_empty() {
+        println!("no running sessions");
+        return Ok(());
+    }
+    println!(
+        "{:<12}  {:<20}  {:>7}  {:>7}  PROJECT",
+        "ID", "STARTED", "ENTRIES", "REFUSED"
+    );
+    for i in &infos {
+        println!(
+            "{:<12}  {:<20}  {:>7}  {:>7}  {}",
+            i.id,
+            i.started_utc,
+            i.entries,
+            i.refusals,
+            blocked::escape(&i.project.display().to_string())
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Option<Result<LiveCommand, String>> {
+        let argv: Vec<OsString> = std::iter::once("agent-sandbox")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        let first = argv.get(1)?.to_str()?;
+        if !WORDS.contains(&first) {
+            return None;
+        }
+        Some(
+            LiveCli::try_parse_from(&argv)
+                .map(|c| c.command)
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    #[test]
+    fn verify_definition() {
+        use clap::CommandFactory as _;
+        LiveCli::command().debug_assert();
+    }
+
+    #[test]
+    fn live_words_only_as_the_first_argument() {
+        // Claude's: after `--`, after another argument, or not a live word.
+        for args in [
+            &["--", "allow", "x.com"][..],
+            &["--continue", "allow"],
+            &["resume"],
+            &[],
+        ] {
+            assert!(parse(args).is_none(), "{args:?}");
+        }
+        assert_eq!(
+            parse(&["allow", "a.com", ".b.com"]).unwrap().unwrap(),
+            LiveCommand::Allow {
+                session: None,
+                groups: false,
+                entries: vec!["a.com".into(), ".b.com".into()]
+            }
+        );
+        assert_eq!(
+            parse(&["allow", "--session", "0123", "a.com"])
+                .unwrap()
+                .unwrap(),
+            LiveCommand::Allow {
+                session: Some("0123".into()),
+                groups: false,
+                entries: vec!["a.com".into()]
+            }
+        );
+        assert!(matches!(
+            parse(&["allow", "--groups"]).unwrap().unwrap(),
+            LiveCommand::Allow { groups: true, .. }
+        ));
+        assert_eq!(
+            parse(&["blocked", "abc", "--follow", "--ask"])
+                .unwrap()
+                .unwrap(),
+            LiveCommand::Blocked {
+                id: Some("abc".into()),
+                follow: true,
+                ask: true
+            }
+        );
+        assert_eq!(
+            parse(&["sessions", "--json"]).unwrap().unwrap(),
+            LiveCommand::Sessions { json: true }
+        );
+        assert_eq!(parse(&["reload"]).unwrap().unwrap(), LiveCommand::Reload);
+        for bad in [
+            &["allow"][..],
+            &["deny"],
+            &["blocked", "--ask"],
+            &["allow", "--groups", "a.com"],
+            &["reload", "extra"],
+        ] {
+            assert!(parse(bad).unwrap().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn groups_are_listed_with_their_hosts() {
+        let text = groups_text();
+        for needle in [
+            "@anthropic",
+            "platform.claude.com",
+            "@pypi",
+            "files.pythonhosted.org",
+            "@github",
+            "@npm",
+            "@crates",
+            "@debian",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+    }
+}

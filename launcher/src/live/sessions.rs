@@ -1,0 +1,366 @@
+//! Running sessions of this user, and applying a new policy to one of them.
+//!
+//! A session is running when its router container runs and its launcher is alive (the labels say which
+//! process, [`crate::liveness`]). Applying = computing the session's new plan from the allowlist file
+//! plus the session's own entries, extended from the addresses it has handed out
+//! ([`SessionPlan::extend`]), replacing the router's and the forwarder's files in the session directory
+//! ([`files`]) and sending both SIGHUP through podman; the router's log then says whether it took the
+//! new policy (its reload is whole or nothing).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _};
+
+use agent_sandbox_shared::{Allowlist, Policy, SessionPlan};
+
+use super::files::{self, SessionMeta};
+use crate::liveness;
+use crate::podman::json::Container;
+use crate::podman::{args, Podman, LABEL_SESSION};
+use crate::session::rundir::session_dir;
+
+/// How long the router has to log the outcome of a reload before `allow` reports it as unknown.
+const RELOAD_CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One running session.
+#[derive(Clone, Debug)]
+pub struct Running {
+    /// Who it is (from its session directory).
+    pub meta: SessionMeta,
+    /// Its session directory.
+    pub dir: PathBuf,
+    /// Its router container.
+    pub router: String,
+    /// Its forwarder container.
+    pub forwarder: String,
+}
+
+/// The running sessions of this user, oldest first. Sessions without a session.json (started by an
+/// older launcher) are left out with a note on stderr.
+pub fn running(podman: &Podman) -> anyhow::Result<Vec<Running>> {
+    let json = podman.run(&args::ps_running_sessions())?;
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    let mut out = Vec::new();
+    for c in Container::parse_list(&json)? {
+        let Some(name) = c.names.first() else {
+            continue;
+        };
+        let Some(id) = c.labels.get(LABEL_SESSION) else {
+            continue;
+        };
+        // Only ever a session id of ours: it becomes a path.
+        if name != &format!("agent-sandbox-{id}-router")
+            || id.len() != 12
+            || !id.chars().all(|ch| ch.is_ascii_hexdigit())
+            || !liveness::is_live(&c.labels, &boot)
+        {
+            continue;
+        }
+        let dir = session_dir(id);
+        match files::read_meta(&dir) {
+            Ok(meta) => out.push(Running {
+                meta,
+                dir,
+                router: name.clone(),
+                forwarder: format!("agent-sandbox-{id}-forwarder"),
+            }),
+            Err(e) => eprintln!(
+                "agent-sandbox: session {id} cannot be changed live (started by an older launcher?): {e:#}"
+            ),
+        }
+    }
+    out.sort_by(|a, b| (a.meta.started, &a.meta.id).cmp(&(b.meta.started, &b.meta.id)));
+    Ok(out)
+}
+
+/// The running session `id` (a unique prefix of it is enough).
+pub fn find(podman: &Podman, id: &str) -> anyhow::Result<Running> {
+    let all = running(podman)?;
+    let matching: Vec<&Running> = all.iter().filter(|s| s.meta.id.starts_with(id)).collect();
+    match matching.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => bail!(
+            "no running session {} of yours (`agent-sandbox sessions` lists them)",
+            id.escape_debug()
+        ),
+        _ => bail!(
+            "`{}` matches several sessions; give more of the id",
+            id.escape_debug()
+        ),
+    }
+}
+
+/// Whether two allowlist paths are the same file.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// The session's policy: the allowlist text (the file's) plus the session's own entries. Invalid text
+/// is an error with the file's lines (the session entries were validated when added).
+pub fn session_allowlist(
+    file_text: &str,
+    file_name: &str,
+    extra: &str,
+) -> anyhow::Result<Allowlist> {
+    let file = Allowlist::parse(file_text, file_name)?;
+    if extra.trim().is_empty() {
+        return Ok(file);
+    }
+    Ok(Allowlist::parse(
+        &format!("{file_text}\n{extra}"),
+        file_name,
+    )?)
+}
+
+/// What applying a policy to a session did.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    /// Entries in force after it (hosts, wildcards and host:port entries).
+    pub entries: usize,
+    /// From the start of the change to the router's log line saying it took the new policy.
+    pub took: Duration,
+}
+
+/// Writes session `s`'s files for `list`: the new plan, extended from what it has handed out. Returns
+/// the number of entries in force.
+fn prepare(s: &Running, list: &Allowlist) -> anyhow::Result<usize> {
+    let policy = Policy::new(list);
+    let state = files::read_state(&s.dir)?;
+    let old = files::read_router_config(&s.dir)?;
+    let mut plan = SessionPlan::extend(&policy, s.meta.router_ip, &state)?;
+    // What the router's reload may not change (it would refuse the whole reload) stays as at start.
+    plan.router.resolvers = old.resolvers;
+    plan.router.allowlist = old.allowlist;
+    files::write_plan(&s.dir, &plan)?;
+    Ok(plan.router.hosts.len() + plan.router.subdomains.len() + plan.router.forwards.len())
+}
+
+/// Applies each policy to its session: every session's files written, then one `podman kill --signal
+/// HUP` for all their routers and forwarders (one podman process, not two per session: podman's lock
+/// makes parallel ones wait for each other), then each router's verdict read from its log, in
+/// parallel. One outcome per session, in order.
+pub fn apply_all(
+    podman: &Podman,
+    targets: &[(&Running, Allowlist)],
+) -> Vec<anyhow::Result<Applied>> {
+    let started = Instant::now();
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let mut outcomes: Vec<anyhow::Result<usize>> =
+        targets.iter().map(|(s, list)| prepare(s, list)).collect();
+    // Where each router's log ends now: its verdict is read from there on, straight from the file
+    // (polling `podman logs` costs a podman process per look).
+    let marks: Vec<Option<LogMark>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|(s, _)| scope.spawn(|| LogMark::now(podman, s)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let names: Vec<&str> = targets
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| o.is_ok())
+        .flat_map(|((s, _), _)| [s.router.as_str(), s.forwarder.as_str()])
+        .collect();
+    if !names.is_empty() && podman.run(&args::kill_many(&names, libc::SIGHUP)).is_err() {
+        // One of them is gone (its session ended meanwhile): signal session by session, so each
+        // outcome says whose it is.
+        for ((s, _), o) in targets.iter().zip(outcomes.iter_mut()) {
+            if o.is_ok() {
+                if let Err(e) =
+                    podman.run(&args::kill_many(&[&s.router, &s.forwarder], libc::SIGHUP))
+                {
+                    *o = Err(anyhow::Error::new(e).context(format!(
+                        "cannot signal the router and forwarder of session {}",
+                        s.meta.id
+                    )));
+                }
+            }
+        }
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .iter()
+            .zip(outcomes)
+            .zip(marks)
+            .map(|(((s, _), o), mark)| {
+                scope.spawn(move || {
+                    let entries = o?;
+                    match mark {
+                        Some(mark) => mark.wait_reloaded(&s.router)?,
+                        None => wait_reloaded(podman, &s.router, since)?,
+                    }
+                    Ok(Applied {
+                        entries,
+                        took: started.elapsed(),
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// A point in a router's log file: its k8s-file log on the host, and the length it had.
+struct LogMark {
+    /// The log file.
+    path: PathBuf,
+    /// Its length before the signal.
+    offset: u64,
+}
+
+/// A session file caching the router's log path (podman is asked once per session).
+const LOG_PATH_FILE: &str = "router-log-path";
+
+impl LogMark {
+    /// The router log's current end, or `None` when its path cannot be had (then `podman logs` is
+    /// polled instead).
+    fn now(podman: &Podman, s: &Running) -> Option<LogMark> {
+        let cache = s.dir.join(LOG_PATH_FILE);
+        let path = match std::fs::read_to_string(&cache) {
+            Ok(p) if !p.trim().is_empty() => PathBuf::from(p.trim()),
+            _ => {
+                let p = podman.run(&args::log_path(&s.router)).ok()?;
+                let p = PathBuf::from(p.trim());
+                if !p.is_absolute() {
+                    return None;
+                }
+                let _ = files::replace_file(
+                    &cache,
+                    &p.display().to_string(),
+                    0o600,
+                    files::Durability::Session,
+                );
+                p
+            }
+        };
+        let offset = std::fs::metadata(&path).ok()?.len();
+        Some(LogMark { path, offset })
+    }
+
+    /// Polls the log from the mark for the reload verdict.
+    fn wait_reloaded(&self, router: &str) -> anyhow::Result<()> {
+        use std::io::{Read as _, Seek as _};
+        let deadline = Instant::now() + RELOAD_CONFIRM_TIMEOUT;
+        loop {
+            let mut text = String::new();
+            if let Ok(mut f) = std::fs::File::open(&self.path) {
+                // A log rotated meanwhile (its size cap) is read from its start.
+                let len = f.metadata().map_or(0, |m| m.len());
+                let from = if len < self.offset { 0 } else { self.offset };
+                if f.seek(std::io::SeekFrom::Start(from)).is_ok() {
+                    let _ = f.take(MAX_VERDICT_READ).read_to_string(&mut text);
+                }
+            }
+            // k8s-file lines are `TIME STREAM TAG MESSAGE`.
+            let messages: String = text
+                .lines()
+                .filter_map(|l| l.splitn(4, ' ').nth(3))
+                .map(|m| format!("{m}\n"))
+                .collect();
+            match reload_verdict(&messages) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(errors)) => bail!(
+                    "the router refused the new policy and keeps the old one: {}",
+                    errors.join("; ")
+                ),
+                None if Instant::now() >= deadline => bail!(
+                    "the router did not confirm the reload within {RELOAD_CONFIRM_TIMEOUT:?} (see `podman logs {router}`)"
+                ),
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+}
+
+/// The most of a router log read for a verdict: refusals may pile up there meanwhile.
+const MAX_VERDICT_READ: u64 = 16 * 1024 * 1024;
+
+/// Polls the router's log from `since` for its reload verdict.
+fn wait_reloaded(podman: &Podman, router: &str, since: f64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + RELOAD_CONFIRM_TIMEOUT;
+    loop {
+        let out = podman.output(&args::logs_since(router, since, false))?;
+        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        match reload_verdict(&log) {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(errors)) => bail!(
+                "the router refused the new policy and keeps the old one: {}",
+                errors.join("; ")
+            ),
+            None if Instant::now() >= deadline => bail!(
+                "the router did not confirm the reload within {RELOAD_CONFIRM_TIMEOUT:?} (see `podman logs {router}`)"
+            ),
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// The outcome of the first reload in a router log: `Ok` on success, its error lines on failure,
+/// `None` when no reload outcome is logged yet.
+fn reload_verdict(log: &str) -> Option<Result<(), Vec<String>>> {
+    let mut errors = Vec::new();
+    for line in log.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+            continue;
+        };
+        let fields = &event["fields"];
+        let message = fields["message"].as_str().unwrap_or_default();
+        if message == "reload error" {
+            errors.push(fields["error"].as_str().unwrap_or_default().to_owned());
+        }
+        match fields["result"].as_str() {
+            Some("success") if message.starts_with("reload succeeded") => return Some(Ok(())),
+            Some("failure") if message.starts_with("reload failed") => return Some(Err(errors)),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reload_verdicts_from_router_logs() {
+        let ok = r#"{"fields":{"message":"listening on 10.0.0.2:53 (udp)"}}
+{"fields":{"message":"reload succeeded: 3 -> 4 entries","result":"success"}}"#;
+        assert_eq!(reload_verdict(ok), Some(Ok(())));
+        let failed = r#"{"fields":{"message":"reload error","error":"cannot listen on 10.0.0.2:10003"}}
+{"fields":{"message":"reload failed: the current policy (3 entries) stays in force","result":"failure"}}"#;
+        assert_eq!(
+            reload_verdict(failed),
+            Some(Err(vec!["cannot listen on 10.0.0.2:10003".to_owned()]))
+        );
+        assert_eq!(reload_verdict("plain text\n{\"fields\":{}}\n"), None);
+        // A client's name in a refusal cannot pass for a verdict: only the message and result fields count.
+        let spoof = r#"{"fields":{"message":"refused","name":"reload succeeded","result":"x"}}"#;
+        assert_eq!(reload_verdict(spoof), None);
+    }
+
+    #[test]
+    fn session_entries_extend_the_file() {
+        let list = session_allowlist("a.com\n", "f", "b.com\n").unwrap();
+        assert_eq!(list.entries().len(), 2);
+        let list = session_allowlist("a.com\n", "f", "").unwrap();
+        assert_eq!(list.entries().len(), 1);
+        let err = session_allowlist("a.com\n1.2.3.4\n", "/home/u/allowed-hosts", "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/home/u/allowed-hosts:2"), "{err}");
+    }
+}
