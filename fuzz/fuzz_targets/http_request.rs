@@ -75,17 +75,22 @@ fn drive(data: &[u8], cuts: &[usize]) -> (Vec<Event>, usize) {
                 if buf.is_empty() {
                     break;
                 }
-                scanned += buf.len().saturating_sub(shown);
-                shown = buf.len();
                 match reader.parse(&buf) {
                     Ok(Some(head)) => {
+                        // The reader stops at the end of its head: bytes after it (pipelined) are the
+                        // next reader's to scan.
+                        scanned += head.len.saturating_sub(shown);
                         buf.drain(..head.len);
                         reader = HeadReader::new();
                         shown = 0;
                         framer = Some((BodyFramer::new(head.body), 0, head.upgrade.is_some()));
                         events.push(Event::Head(head));
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        scanned += buf.len().saturating_sub(shown);
+                        shown = buf.len();
+                        break;
+                    }
                     Err(e) => {
                         events.push(Event::BadHead(e.status()));
                         return (events, scanned);
