@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
-    FORWARDER_LOG_MAX, FORWARDER_PATH, LABEL_SESSION, LABEL_SHARED, NO_HOST_ENV, NO_IPV6,
+    FORWARDER_LOG_MAX, FORWARDER_PATH, LABEL_SESSION, LABEL_SHARED, LABEL_VERSION, NO_HOST_ENV, NO_IPV6,
     ROUTER_CONFIG_PATH, ROUTER_LOG_MAX, STOP_TIMEOUT_SECS,
 };
 
@@ -69,6 +69,55 @@ pub fn image_exists(image: &str) -> Vec<OsString> {
 pub fn image_ids(images: &[&str]) -> Vec<OsString> {
     Argv::new(&["image", "inspect", "--format", "{{.Id}}"])
         .args(images.iter().copied())
+        .done()
+}
+
+/// The images' labels and sizes as JSON (`agent-sandbox doctor`: which launcher version built them).
+#[must_use]
+pub fn image_inspect(images: &[&str]) -> Vec<OsString> {
+    Argv::new(&["image", "inspect"])
+        .args(images.iter().copied())
+        .done()
+}
+
+/// `agent-sandbox doctor`'s trial run: can podman start a container here at all? The router image's
+/// own `--version`, with no network and nothing it could change.
+#[must_use]
+pub fn trial_run(image: &str) -> Vec<OsString> {
+    Argv::new(&["run", "--rm", "--pull=never"])
+        .opt("--network", "none")
+        .args(NO_HOST_ENV)
+        .arg("--read-only")
+        .opt("--cap-drop", "ALL")
+        .opt("--security-opt", "no-new-privileges")
+        .opt("--log-driver", "none")
+        .arg(image)
+        .arg("--version")
+        .done()
+}
+
+/// `agent-sandbox doctor`'s control run: the containment probe in a throw-away container of `image` on
+/// an ordinary podman network, where the checks that must fail in a sandbox do not (tests only).
+#[must_use]
+pub fn probe_run(image: &str, network: &str, command: &[OsString]) -> Vec<OsString> {
+    Argv::new(&["run", "--rm", "--pull=never"])
+        .opt("--network", network)
+        .args(NO_HOST_ENV)
+        .opt("--log-driver", "none")
+        .arg(image)
+        .args(command.iter().cloned())
+        .done()
+}
+
+/// A container's address on one of its networks (`agent-sandbox doctor`: the router's egress side).
+#[must_use]
+pub fn container_ip(name: &str, network: &str) -> Vec<OsString> {
+    Argv::new(&["container", "inspect"])
+        .opt(
+            "--format",
+            format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+        )
+        .arg(name)
         .done()
 }
 
@@ -370,7 +419,13 @@ pub fn build(
     secrets: &[(String, PathBuf)],
 ) -> Vec<OsString> {
     let mut a = Argv::new(&["build"]);
-    a.opt("--tag", tag).opt("--file", containerfile);
+    // The version label lets `agent-sandbox doctor` tell images built by another launcher version.
+    a.opt("--tag", tag)
+        .opt("--file", containerfile)
+        .opt(
+            "--label",
+            format!("{LABEL_VERSION}={}", env!("CARGO_PKG_VERSION")),
+        );
     for (k, val) in build_args {
         a.opt("--build-arg", format!("{k}={val}"));
     }
@@ -735,6 +790,27 @@ mod tests {
     }
 
     #[test]
+    fn doctor_commands() {
+        assert_eq!(
+            strs(&container_ip("r", "agent-sandbox-egress")),
+            [
+                "container",
+                "inspect",
+                "--format",
+                "{{(index .NetworkSettings.Networks \"agent-sandbox-egress\").IPAddress}}",
+                "r"
+            ]
+        );
+        let trial = strs(&trial_run("localhost/r:dev"));
+        assert!(trial.windows(2).any(|w| w == ["--network", "none"]));
+        assert!(trial.windows(2).any(|w| w == ["--cap-drop", "ALL"]));
+        assert_eq!(trial.last().unwrap(), "--version");
+        let probe = strs(&probe_run("i", "n", &["python3".into()]));
+        assert!(probe.windows(2).any(|w| w == ["--network", "n"]));
+        assert_eq!(&probe[probe.len() - 2..], ["i", "python3"]);
+    }
+
+    #[test]
     fn build_passes_args_and_secrets() {
         let a = strs(&build(
             Path::new("/r/containers/sandbox/Containerfile"),
@@ -754,6 +830,8 @@ mod tests {
                 "localhost/agent-sandbox:dev",
                 "--file",
                 "/r/containers/sandbox/Containerfile",
+                "--label",
+                &format!("agent-sandbox.version={}", env!("CARGO_PKG_VERSION")),
                 "--build-arg",
                 "BASE=localhost/debian:bookworm",
                 "--secret",

@@ -36,6 +36,9 @@ pub const LABEL_PROJECT: &str = "agent-sandbox.project";
 /// Label on the shared objects a session creates but does not remove (egress network, home volume).
 pub const LABEL_SHARED: &str = "agent-sandbox.shared";
 
+/// Label on the images `--build-images` makes: the launcher version that built them.
+pub const LABEL_VERSION: &str = "agent-sandbox.version";
+
 /// Where the router finds its configuration inside its container.
 pub const ROUTER_CONFIG_PATH: &str = "/etc/agent-sandbox/router.toml";
 /// The forwarder's path inside the router image (it runs from that image with `--entrypoint`).
