@@ -182,8 +182,14 @@ mod tests {
         let text = help.to_string();
         assert!(text.contains("agent-sandbox -- --help"), "{text}");
         assert!(text.contains("--exec"), "{text}");
-        assert!(text.contains("reserves as its first argument: doctor"), "{text}");
-        assert!(text.contains("`agent-sandbox -- doctor` runs Claude's own doctor"), "{text}");
+        assert!(
+            text.contains("reserves as its first argument: doctor"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`agent-sandbox -- doctor` runs Claude's own doctor"),
+            "{text}"
+        );
         let version = Cli::try_parse_from(["agent-sandbox", "--version"]).unwrap_err();
         assert_eq!(version.kind(), clap::error::ErrorKind::DisplayVersion);
     }

@@ -146,7 +146,11 @@ pub(crate) fn judge(facts: &Facts) -> Vec<Check> {
         Ok(json) => match Info::parse(json) {
             Ok(info) => Some(info),
             Err(e) => {
-                out.push(fail("podman", format!("{e}"), "run `podman info` and fix what it reports"));
+                out.push(fail(
+                    "podman",
+                    format!("{e}"),
+                    "run `podman info` and fix what it reports",
+                ));
                 None
             }
         },
@@ -239,7 +243,10 @@ fn version(v: &str) -> Check {
     } else {
         "5.x: rootless networking by pasta; `podman info` stops naming storage.conf after 5.8"
     };
-    pass("podman", format!("podman {v} (supported: 4.3 through 5.x; {differs})"))
+    pass(
+        "podman",
+        format!("podman {v} (supported: 4.3 through 5.x; {differs})"),
+    )
 }
 
 fn mode(rootless: bool) -> Check {
@@ -262,8 +269,7 @@ fn range_of(text: &str, name: &str, uid: u32) -> Option<String> {
     text.lines().find_map(|l| {
         let mut f = l.trim().splitn(3, ':');
         let (who, start, count) = (f.next()?, f.next()?, f.next()?);
-        (who == name || who.parse::<u32>().ok() == Some(uid))
-            .then(|| format!("{start}+{count}"))
+        (who == name || who.parse::<u32>().ok() == Some(uid)).then(|| format!("{start}+{count}"))
     })
 }
 
@@ -461,7 +467,9 @@ fn image_check(
         ),
         None => warn(
             name,
-            format!("{image} carries no agent-sandbox version label (built before {ours}, or by hand)"),
+            format!(
+                "{image} carries no agent-sandbox version label (built before {ours}, or by hand)"
+            ),
             rebuild,
         ),
     };
@@ -498,7 +506,11 @@ fn allowlist(path: &Path) -> Check {
                 )
             }
         }
-        Err(e) => fail("allowlist", e.to_string(), format!("edit {}", path.display())),
+        Err(e) => fail(
+            "allowlist",
+            e.to_string(),
+            format!("edit {}", path.display()),
+        ),
     }
 }
 
@@ -665,7 +677,10 @@ mod tests {
         let none = facts("other:100000:65536\n");
         let c = subids(&none, &info(true, 1));
         assert_eq!(c.status, Status::Fail);
-        assert!(c.detail.contains("no range in /etc/subuid or /etc/subgid"), "{c:?}");
+        assert!(
+            c.detail.contains("no range in /etc/subuid or /etc/subgid"),
+            "{c:?}"
+        );
         assert!(c.fix.unwrap().contains("usermod --add-subuids"));
         assert_eq!(subids(&none, &info(false, 0)).status, Status::Skip);
         assert_eq!(range_of("1000:5:6\n", "x", 1000).as_deref(), Some("5+6"));
@@ -673,14 +688,19 @@ mod tests {
 
     #[test]
     fn images_missing_old_and_current() {
-        let (c, _) = image_check(0, "localhost/r:dev", &Err(failed("Error: r: image not known\nno such image")));
+        let (c, _) = image_check(
+            0,
+            "localhost/r:dev",
+            &Err(failed("Error: r: image not known\nno such image")),
+        );
         assert_eq!(c.status, Status::Fail);
         assert!(c.fix.unwrap().contains("make build"));
         let (c, _) = image_check(1, "registry.example/s:1", &Ok("[]".into()));
         assert_eq!(c.status, Status::Fail);
         assert!(c.fix.unwrap().contains("podman pull"));
         let ours = env!("CARGO_PKG_VERSION");
-        let json = |v: &str| format!(r#"[{{"Size":1048576,"Labels":{{"agent-sandbox.version":"{v}"}}}}]"#);
+        let json =
+            |v: &str| format!(r#"[{{"Size":1048576,"Labels":{{"agent-sandbox.version":"{v}"}}}}]"#);
         let (c, size) = image_check(1, "localhost/s:dev", &Ok(json(ours)));
         assert_eq!((c.status, size), (Status::Pass, Some(1 << 20)));
         let (c, _) = image_check(1, "localhost/s:dev", &Ok(json("0.0.1")));
@@ -697,7 +717,11 @@ mod tests {
         fs::write(&path, "example.com\n10.0.0.1\n*.bad.com\n").unwrap();
         let c = allowlist(&path);
         assert_eq!(c.status, Status::Fail);
-        assert!(c.detail.contains(":2:") && c.detail.contains(":3:"), "{}", c.detail);
+        assert!(
+            c.detail.contains(":2:") && c.detail.contains(":3:"),
+            "{}",
+            c.detail
+        );
         fs::write(&path, "example.com\n").unwrap();
         assert_eq!(allowlist(&path).status, Status::Pass);
         fs::remove_dir_all(&dir).unwrap();
@@ -711,17 +735,26 @@ mod tests {
         assert!(c.detail.contains("1500 MB") && c.fix.unwrap().contains("overlay"));
         assert_eq!(storage("overlay", None).status, Status::Pass);
         let mut i = info(true, 2);
-        assert_eq!(network_backend(&i, Some(Path::new("/a"))).status, Status::Pass);
+        assert_eq!(
+            network_backend(&i, Some(Path::new("/a"))).status,
+            Status::Pass
+        );
         assert_eq!(network_backend(&i, None).status, Status::Fail);
         i.host.network_backend = "cni".into();
         let c = network_backend(&i, Some(Path::new("/a")));
         assert!(c.status == Status::Fail && c.detail.contains("CNI is not"));
         assert_eq!(runtime_dir(false, None).status, Status::Skip);
         assert_eq!(runtime_dir(true, None).status, Status::Warn);
-        assert_eq!(runtime_dir(true, Some(&("/run/user/1".into(), false))).status, Status::Fail);
+        assert_eq!(
+            runtime_dir(true, Some(&("/run/user/1".into(), false))).status,
+            Status::Fail
+        );
         assert_eq!(userns(&[Some("0\n".into()), None]).status, Status::Fail);
         assert_eq!(userns(&[None, Some("0".into())]).status, Status::Fail);
-        assert_eq!(userns(&[Some("1".into()), Some("9".into())]).status, Status::Pass);
+        assert_eq!(
+            userns(&[Some("1".into()), Some("9".into())]).status,
+            Status::Pass
+        );
         assert_eq!(cgroups("v1").status, Status::Warn);
     }
 
@@ -731,10 +764,16 @@ mod tests {
             "Error: OCI runtime error: runc: setrlimit RLIMIT_NOFILE: Operation not permitted",
         ))));
         assert_eq!(c.status, Status::Fail);
-        assert!(c.detail.contains("setrlimit RLIMIT_NOFILE"), "podman's own error: {c:?}");
+        assert!(
+            c.detail.contains("setrlimit RLIMIT_NOFILE"),
+            "podman's own error: {c:?}"
+        );
         assert!(c.fix.unwrap().contains("default_ulimits"));
         assert!(known_fix("crun: cgroups in hybrid mode not supported").contains("runc"));
-        assert_eq!(trial(Some(&Ok("agent-sandbox-router 0.4.0\n".into()))).status, Status::Pass);
+        assert_eq!(
+            trial(Some(&Ok("agent-sandbox-router 0.4.0\n".into()))).status,
+            Status::Pass
+        );
         assert_eq!(trial(None).status, Status::Skip);
     }
 }

@@ -115,7 +115,12 @@ impl Report {
     /// One check as a line of the text table (and its fix on the next line).
     #[must_use]
     pub fn line(check: &Check) -> String {
-        let mut out = format!("  {} {:<22} {}\n", check.status.mark(), check.name, check.detail);
+        let mut out = format!(
+            "  {} {:<22} {}\n",
+            check.status.mark(),
+            check.name,
+            check.detail
+        );
         if let Some(fix) = &check.fix {
             let _ = writeln!(out, "      → {fix}");
         }

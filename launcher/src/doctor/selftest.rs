@@ -61,9 +61,7 @@ impl ProbeSpec {
             "python3".into(),
             "-c".into(),
             PROBE.into(),
-            serde_json::to_string(self)
-                .unwrap_or_default()
-                .into(),
+            serde_json::to_string(self).unwrap_or_default().into(),
         ]
     }
 }
@@ -107,7 +105,13 @@ pub fn parse_output(stdout: &str, expected: &[String]) -> Vec<Check> {
         out.push(if l.ok {
             Check::pass(Section::Containment, &l.name, detail)
         } else {
-            Check::bad(Section::Containment, Status::Fail, &l.name, detail, fix_for(&l.name))
+            Check::bad(
+                Section::Containment,
+                Status::Fail,
+                &l.name,
+                detail,
+                fix_for(&l.name),
+            )
         });
     }
     for name in expected {
@@ -130,7 +134,8 @@ fn fix_for(name: &str) -> String {
         return "nested podman does not work here: see its error above; the sandbox itself is unaffected".into();
     }
     if name.starts_with("reach-") {
-        return "check that the name is on the allowlist and that its upstream answers HTTPS".into();
+        return "check that the name is on the allowlist and that its upstream answers HTTPS"
+            .into();
     }
     "containment does not hold on this machine: do not run agents with agent-sandbox here, and report this output (podman version, kernel, distribution) as a bug".into()
 }
@@ -153,7 +158,9 @@ pub fn host_addresses() -> Vec<IpAddr> {
                 match i32::from((*addr).sa_family) {
                     libc::AF_INET => {
                         let sin = &*(addr.cast::<libc::sockaddr_in>());
-                        out.push(IpAddr::from(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+                        out.push(IpAddr::from(Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(addr.cast::<libc::sockaddr_in6>());
@@ -347,7 +354,11 @@ fn run_inner(
             &mut extra,
         );
         expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
-        expected.extend(spec.udp.iter().map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")));
+        expected.extend(
+            spec.udp
+                .iter()
+                .map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")),
+        );
         expected.extend(spec.dns.iter().map(|(k, ip)| format!("dns-{k}-{ip}")));
         if spec.nested {
             expected.push("nested-podman".into());
@@ -484,7 +495,11 @@ noise from python
         assert_eq!(checks[0].status, Status::Pass);
         assert_eq!(checks[0].detail, "A x: 127.0.0.2");
         assert_eq!(checks[1].status, Status::Fail);
-        assert!(checks[1].fix.as_deref().unwrap().contains("containment does not hold"));
+        assert!(checks[1]
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("containment does not hold"));
         assert_eq!(checks[2].name, "host-mounts");
         assert_eq!(checks[2].status, Status::Fail);
     }
@@ -494,7 +509,10 @@ noise from python
         let conf = "# x\nnameserver 10.255.255.53\nnameserver 127.0.0.53\nnameserver fe80::1%eth0\nsearch x\n";
         assert_eq!(
             resolvers(conf),
-            ["10.255.255.53".parse::<IpAddr>().unwrap(), "fe80::1".parse().unwrap()]
+            [
+                "10.255.255.53".parse::<IpAddr>().unwrap(),
+                "fe80::1".parse().unwrap()
+            ]
         );
         let hosts = "127.0.0.1 localhost\n203.0.113.7 api.example.com api # c\n";
         assert_eq!(
@@ -514,7 +532,9 @@ noise from python
         let cmd = ProbeSpec::default().command();
         assert_eq!(cmd[0], "python3");
         let arg: serde_json::Value = serde_json::from_str(cmd[3].to_str().unwrap()).unwrap();
-        for key in ["name", "expect", "unlisted", "tcp", "udp", "dns", "project", "home", "nested", "reach"] {
+        for key in [
+            "name", "expect", "unlisted", "tcp", "udp", "dns", "project", "home", "nested", "reach",
+        ] {
             assert!(arg.get(key).is_some(), "{key}");
         }
         let status = std::process::Command::new("python3")

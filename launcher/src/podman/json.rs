@@ -400,7 +400,13 @@ mod tests {
     #[test]
     fn info_what_doctor_reads_of_each_version() {
         for (version, json, cgroup, runtime, dns) in [
-            ("4.3.1", sample!("4.3.1", "info-rootful.json"), "v1", "runc", ""),
+            (
+                "4.3.1",
+                sample!("4.3.1", "info-rootful.json"),
+                "v1",
+                "runc",
+                "",
+            ),
             (
                 "5.8.2",
                 sample!("5.8.2", "info-rootful.json"),

@@ -5,6 +5,7 @@ use crate::suite::Suite;
 
 mod cleanup;
 mod concurrent;
+mod doctor;
 mod escapes;
 mod files;
 mod nested;
@@ -28,4 +29,5 @@ pub(crate) const ALL: &[Scenario] = &[
     ("cleanup", cleanup::run),
     ("concurrent", concurrent::run),
     ("stale", stale::run),
+    ("doctor", doctor::run),
 ];

@@ -1,0 +1,279 @@
+//! `agent-sandbox doctor`: it passes here and names every check; each containment check is shown able
+//! to fail (the same probe in a plain container on a bridge network of the test's own); broken set-ups
+//! give ✗ with the fix and a non-zero exit. Every address probed is this machine's or the test's own
+//! containers': the host's resolvers are replaced by a resolv.conf naming this machine's own address.
+
+use std::fs;
+use std::net::{TcpListener, UdpSocket};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::mode::{repo_file, sh};
+use crate::suite::Suite;
+use crate::SANDBOX_IMAGE;
+
+/// Every prerequisite's name in the table.
+const PREREQS: &[&str] = &[
+    "podman",
+    "mode",
+    "subuid/subgid",
+    "cgroups",
+    "network backend",
+    "OCI runtime",
+    "user namespaces",
+    "/dev/fuse",
+    "XDG_RUNTIME_DIR",
+    "router image",
+    "sandbox image",
+    "allowlist",
+    "home volume",
+    "leftovers",
+    "storage driver",
+    "trial run",
+];
+
+/// The containment checks every run reports (beside one per probed address).
+const CONTAINMENT: &[&str] = &[
+    "dns-allowlisted",
+    "dns-unlisted-udp",
+    "dns-unlisted-tcp",
+    "tls-unlisted-sni",
+    "http-unlisted-host",
+    "no-capabilities",
+    "read-only-/etc/hosts",
+    "read-only-/etc/resolv.conf",
+    "no-podman-socket",
+    "host-mounts",
+    "no-setuid",
+    "host-listeners",
+];
+
+/// This machine's first global IPv4 address.
+fn host_ipv4() -> String {
+    let out = sh(Command::new("ip").args(["-4", "-o", "addr", "show", "scope", "global"]));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .expect("a global IPv4 address")
+        .to_owned()
+}
+
+fn checks_of(json: &str) -> Vec<Value> {
+    serde_json::from_str::<Value>(json)
+        .ok()
+        .and_then(|v| v["checks"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn status_of<'a>(checks: &'a [Value], name: &str) -> Option<&'a str> {
+    checks
+        .iter()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["status"].as_str())
+}
+
+/// Runs the scenario, recording its checks.
+pub(crate) fn run(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let dir = s.project("doctor");
+    let resolv = dir.join("host-resolv.conf");
+    fs::write(&resolv, format!("nameserver {}\n", host_ipv4())).unwrap();
+    let env = [(
+        "AGENT_SANDBOX_DOCTOR_RESOLV_CONF",
+        resolv.display().to_string(),
+    )];
+
+    // 1. It passes here, and its table names every check.
+    let t = Instant::now();
+    let r = s.launch_env(&dir, &["doctor", "--json"], &env);
+    let took = t.elapsed();
+    eprintln!("  doctor took {took:.1?} ({name})");
+    let checks = checks_of(&r.stdout);
+    s.checks.check(
+        r.code == Some(0),
+        format!("[{name}] doctor passes: {}\n{}", r.stdout, r.stderr),
+    );
+    let mut expected: Vec<&str> = PREREQS.iter().chain(CONTAINMENT).copied().collect();
+    if !s.mode.rootful() {
+        expected.push("nested-podman");
+    }
+    for want in expected {
+        let status = status_of(&checks, want);
+        s.checks.check(
+            matches!(status, Some("pass" | "warn" | "skip")),
+            format!("[{name}] doctor names `{want}`, not failed: {status:?}"),
+        );
+    }
+    s.checks.check(
+        checks.iter().any(|c| {
+            c["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("tcp-host-"))
+        }),
+        format!("[{name}] doctor probes this host's addresses"),
+    );
+    s.checks.check(
+        took < Duration::from_secs(15),
+        format!("[{name}] doctor runs in under 15 s: {took:.1?}"),
+    );
+    s.checks.check(
+        s.session_objects(&dir).is_empty() && !r.stderr.contains("could not remove"),
+        format!("[{name}] doctor leaves no session objects"),
+    );
+    let text = s.launch_env(&dir, &["doctor", "--no-session"], &env);
+    s.checks.check(
+        text.code == Some(0)
+            && text.stdout.contains("✓ podman")
+            && text.stdout.contains("passed, 0 failed"),
+        format!(
+            "[{name}] doctor --no-session prints the table: {}",
+            text.stdout
+        ),
+    );
+
+    // 2. Broken set-ups: ✗ with the fix, non-zero exit.
+    let bad_list = dir.join("bad-allowlist");
+    fs::write(&bad_list, "web.test\n10.0.0.1\n").unwrap();
+    for (what, extra, check, fix) in [
+        (
+            "a missing image",
+            (
+                "AGENT_SANDBOX_IMAGE",
+                "localhost/as-e2e-missing:none".to_owned(),
+            ),
+            "sandbox image",
+            "make build",
+        ),
+        (
+            "an invalid allowlist",
+            ("AGENT_SANDBOX_ALLOWLIST", bad_list.display().to_string()),
+            "allowlist",
+            "edit",
+        ),
+        (
+            "PATH without podman",
+            ("PATH", "/nonexistent".to_owned()),
+            "podman",
+            "install podman",
+        ),
+    ] {
+        let r = s.launch_env(&dir, &["doctor", "--json", "--no-session"], &[extra]);
+        let checks = checks_of(&r.stdout);
+        let c = checks.iter().find(|c| c["name"] == check);
+        let ok = r.code == Some(1)
+            && c.is_some_and(|c| {
+                c["status"] == "fail" && c["fix"].as_str().is_some_and(|f| f.contains(fix))
+            });
+        s.checks.check(
+            ok,
+            format!(
+                "[{name}] {what}: ✗ {check} with the fix: {c:?} (exit {:?}) {}",
+                r.code, r.stderr
+            ),
+        );
+        if check == "allowlist" {
+            let detail = c.and_then(|c| c["detail"].as_str()).unwrap_or("");
+            s.checks.check(
+                detail.contains(":2:"),
+                format!("[{name}] the allowlist error names its line: {detail}"),
+            );
+        }
+    }
+
+    // 3. Each containment check able to fail: the same probe, in a plain container on a bridge network
+    // of this test's own, as root with capabilities, an extra mount, a socket file and a setuid file.
+    if s.mode.rootful() {
+        control(s, &dir);
+    }
+}
+
+/// The probe outside a sandbox: every check that a sandbox must pass reports failure here.
+fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
+    let name = s.mode.name().to_owned();
+    let host = host_ipv4();
+    let tcp = TcpListener::bind("0.0.0.0:0").unwrap();
+    let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (tcp_port, udp_port) = (
+        tcp.local_addr().unwrap().port(),
+        udp.local_addr().unwrap().port(),
+    );
+    let network = format!("as-e2e-doctor-{}", std::process::id());
+    s.mode
+        .podman_ok(&["network", "create", "--disable-dns", &network]);
+    let sock = dir.join("podman.sock");
+    fs::write(&sock, "").unwrap();
+    let spec = serde_json::json!({
+        "name": "web.test", "expect": "127.0.0.2", "unlisted": "unlisted.invalid",
+        "tcp": [["host", host, tcp_port]], "udp": [["host", host, udp_port]],
+        "dns": [["host", host]],
+        "project": "/project", "home": "/root", "nested": false, "reach": [],
+    });
+    let probe = fs::read_to_string(repo_file("launcher/src/doctor/probe.py")).unwrap();
+    let script = "cp /bin/true /tmp/setuid-true && chmod u+s /tmp/setuid-true && exec python3 -c \"$0\" \"$1\"";
+    let out = s.mode.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        &network,
+        // The container's resolver is this machine's own address: no query can leave the machine.
+        "--dns",
+        &host,
+        "--user",
+        "0",
+        "-v",
+        &format!("{}:/project", dir.display()),
+        "-v",
+        &format!("{}:/mnt/extra:ro", dir.display()),
+        "-v",
+        &format!("{}:/run/podman/podman.sock", sock.display()),
+        SANDBOX_IMAGE,
+        "bash",
+        "-c",
+        script,
+        &probe,
+        &spec.to_string(),
+    ]);
+    let _ = s.mode.podman(&["network", "rm", "--force", &network]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let results: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let must_fail = [
+        "dns-allowlisted",
+        "dns-unlisted-udp",
+        "dns-unlisted-tcp",
+        "tls-unlisted-sni",
+        "http-unlisted-host",
+        "no-capabilities",
+        "read-only-/etc/hosts",
+        "read-only-/etc/resolv.conf",
+        "no-podman-socket",
+        "host-mounts",
+        "no-setuid",
+    ]
+    .map(str::to_owned)
+    .into_iter()
+    .chain([format!("tcp-host-{host}"), format!("dns-host-{host}")]);
+    for check in must_fail {
+        let r = results.iter().find(|r| r["name"] == check.as_str());
+        s.checks.check(
+            r.is_some_and(|r| r["ok"] == false),
+            format!("[{name}] outside a sandbox, `{check}` reports failure: {r:?}"),
+        );
+    }
+    tcp.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 64];
+    s.checks.check(
+        udp.recv_from(&mut buf).is_ok(),
+        format!("[{name}] outside a sandbox, the UDP datagram reaches this host's listener"),
+    );
+    if !results.iter().any(|r| r["name"] == "no-setuid") {
+        eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
