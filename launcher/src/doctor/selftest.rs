@@ -263,10 +263,9 @@ struct Project(PathBuf);
 
 impl Project {
     fn create() -> anyhow::Result<Project> {
-        let base = std::env::var_os("XDG_RUNTIME_DIR")
-            .map(PathBuf::from)
-            .filter(|p| p.is_dir())
-            .unwrap_or_else(std::env::temp_dir);
+        // A directory below the temporary directory is a project a session accepts ($XDG_RUNTIME_DIR
+        // and everything in it is refused).
+        let base = std::env::temp_dir();
         let mut rand = [0u8; 6];
         fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rand))
