@@ -188,7 +188,72 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     // of this test's own, as root with capabilities, an extra mount, a socket file and a setuid file.
     if s.mode.rootful() {
         control(s, &dir);
+        no_subordinate_ids(s);
     }
+}
+
+/// A user made for this check (no /etc/subuid or /etc/subgid range), removed with everything of
+/// theirs on drop.
+struct NoSubIdsUser(&'static str);
+
+impl Drop for NoSubIdsUser {
+    fn drop(&mut self) {
+        // Their rootless podman leaves a pause process: end exactly the processes of this user.
+        let _ =
+            sh(Command::new("runuser").args(["-u", self.0, "--", "podman", "system", "migrate"]));
+        let pids = sh(Command::new("pgrep").args(["-u", self.0]));
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let _ = sh(Command::new("kill").args(["-KILL", pid]));
+        }
+        let _ = sh(Command::new("userdel").args(["--remove", self.0]));
+    }
+}
+
+/// Rootless podman for a user with no subordinate range: ✗ subuid/subgid with the usermod fix.
+fn no_subordinate_ids(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let user = "as-e2e-nosubids";
+    let made = sh(Command::new("useradd").args([
+        "--create-home",
+        "-K",
+        "SUB_UID_COUNT=0",
+        "-K",
+        "SUB_GID_COUNT=0",
+        user,
+    ]));
+    let _guard = NoSubIdsUser(user);
+    assert!(
+        made.status.success(),
+        "useradd: {}",
+        crate::mode::text(&made)
+    );
+    let home = format!("/home/{user}");
+    let mut c = Command::new("runuser");
+    c.args(["-u", user, "--", "env", "-i"])
+        .arg(format!("HOME={home}"))
+        .arg("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .arg(format!("USER={user}"));
+    if let Ok(conf) = std::env::var("CONTAINERS_CONF") {
+        c.arg(format!("CONTAINERS_CONF={conf}"));
+    }
+    c.args([crate::LAUNCHER, "doctor", "--json", "--no-session"])
+        .current_dir("/");
+    let out = sh(&mut c);
+    let checks = checks_of(&String::from_utf8_lossy(&out.stdout));
+    let sub = checks.iter().find(|c| c["name"] == "subuid/subgid");
+    s.checks.check(
+        out.status.code() == Some(1)
+            && sub.is_some_and(|c| {
+                c["status"] == "fail"
+                    && c["fix"]
+                        .as_str()
+                        .is_some_and(|f| f.contains("usermod --add-subuids"))
+            }),
+        format!(
+            "[{name}] a user with no subuid range: ✗ subuid/subgid with the fix: {sub:?} {}",
+            crate::mode::text(&out)
+        ),
+    );
 }
 
 /// The probe outside a sandbox: every check that a sandbox must pass reports failure here.
