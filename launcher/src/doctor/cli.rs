@@ -13,7 +13,10 @@ pub const WORD: &str = "doctor";
 #[derive(Debug, Default, Clone, PartialEq, Eq, Parser)]
 #[command(
     name = "agent-sandbox doctor",
-    after_help = "`agent-sandbox -- doctor` runs Claude Code's own `claude doctor` in the sandbox."
+    bin_name = "agent-sandbox doctor",
+    after_help = "`agent-sandbox -- doctor` runs Claude Code's own `claude doctor` in the sandbox.\n\n\
+                  Environment: as for a session, and AGENT_SANDBOX_DOCTOR_RESOLV_CONF, the resolv.conf \
+                  whose nameservers count as this host's DNS servers [default: /etc/resolv.conf]."
 )]
 pub struct DoctorOptions {
     /// Print one JSON object ({"passed": bool, "checks": [...]}) instead of the table.
