@@ -249,7 +249,7 @@ def check_process():
     found += [m for m in mounts if m.endswith(".sock")]
     emit("no-podman-socket", not found, "podman and docker API sockets", ", ".join(found) or "none")
     allowed = {"/", SPEC["project"], SPEC["home"], "/etc/hosts", "/etc/resolv.conf", "/etc/hostname",
-               "/run/.containerenv", "/etc/passwd", "/etc/group", "/run/secrets"}
+               "/run/.containerenv", "/etc/passwd", "/etc/group", "/run/secrets", "/run/podman-init"}
     extra = sorted(m for m in mounts if m not in allowed
                    and not m.startswith(("/proc", "/dev", "/sys")))
     emit("host-mounts", not extra, "mounts beside the image, the project and the home volume",

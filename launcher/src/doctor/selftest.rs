@@ -464,6 +464,13 @@ fn spec(
             format!("this host has no address for {name} without a new lookup (the doctor makes none), so a direct connection to it is not tried"),
         )),
     }
+    if !t.rootless {
+        extra.push(Check::skip(
+            Section::Containment,
+            "nested-podman",
+            "rootful podman: the sandbox user has no user namespace of its own, so nested podman is not offered",
+        ));
+    }
     spec.name = name;
     spec.expect = expect;
     spec
