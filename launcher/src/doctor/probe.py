@@ -220,6 +220,17 @@ def check_refusals():
         emit("http-unlisted-host", False, tried, describe(e))
 
 
+def check_ipv6():
+    try:
+        with open("/proc/net/if_inet6") as f:
+            addrs = [line.split() for line in f if line.strip()]
+    except OSError:
+        addrs = []
+    other = [a[-1] + " " + a[0] for a in addrs if a[-1] != "lo"]
+    emit("no-ipv6", not other, "IPv6 addresses of the sandbox's interfaces (/proc/net/if_inet6)",
+         "none beside loopback" if not other else ", ".join(other))
+
+
 def check_process():
     caps = {}
     with open("/proc/self/status") as f:
@@ -315,6 +326,7 @@ def main():
     for kind, ip, port in SPEC["udp"]:
         udp(kind, ip, port)
     check_refusals()
+    check_ipv6()
     check_process()
     if SPEC.get("nested"):
         check_nested()

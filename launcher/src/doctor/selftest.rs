@@ -82,6 +82,7 @@ pub const ALWAYS: &[&str] = &[
     "dns-unlisted-tcp",
     "tls-unlisted-sni",
     "http-unlisted-host",
+    "no-ipv6",
     "no-capabilities",
     "read-only-/etc/hosts",
     "read-only-/etc/resolv.conf",

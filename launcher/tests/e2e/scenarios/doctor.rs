@@ -41,6 +41,7 @@ const CONTAINMENT: &[&str] = &[
     "dns-unlisted-tcp",
     "tls-unlisted-sni",
     "http-unlisted-host",
+    "no-ipv6",
     "no-capabilities",
     "read-only-/etc/hosts",
     "read-only-/etc/resolv.conf",
