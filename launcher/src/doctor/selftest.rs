@@ -321,17 +321,6 @@ fn run_inner(
     signals: &SignalWatch,
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<Vec<Check>> {
-    let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
-    let name = allowlist
-        .entries()
-        .first()
-        .map(|e| e.name().as_str().to_owned());
-    let exact: Vec<String> = allowlist
-        .entries()
-        .iter()
-        .filter(|e| !matches!(e, agent_sandbox_shared::Entry::Subdomains(_)))
-        .map(|e| e.name().as_str().to_owned())
-        .collect();
     let project = Project::create()?;
     let listeners = HostListeners::start()?;
     let host_resolv = fs::read_to_string(&options.host_resolv_conf).unwrap_or_default();
@@ -342,6 +331,18 @@ fn run_inner(
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
     let output = session::run_probe(podman, settings, project.0.clone(), signals, |t| {
         progress("session up; probing from inside the sandbox");
+        // Read only now: the session's checks create the allowlist from the default when it is missing.
+        let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
+        let name = allowlist
+            .entries()
+            .first()
+            .map(|e| e.name().as_str().to_owned());
+        let exact: Vec<String> = allowlist
+            .entries()
+            .iter()
+            .filter(|e| !matches!(e, agent_sandbox_shared::Entry::Subdomains(_)))
+            .map(|e| e.name().as_str().to_owned())
+            .collect();
         let spec = spec(
             podman,
             t,
