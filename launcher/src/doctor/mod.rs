@@ -39,7 +39,13 @@ pub fn run(podman: &Podman, settings: &Settings, options: &DoctorOptions) -> any
             let _ = out.flush();
         }
     };
-    let progress = |s: &str| eprintln!("agent-sandbox doctor: {s}");
+    let started = std::time::Instant::now();
+    let progress = |s: &str| {
+        eprintln!(
+            "agent-sandbox doctor: [{:.1}s] {s}",
+            started.elapsed().as_secs_f64()
+        )
+    };
     print("Prerequisites\n");
     progress("checking podman and this machine");
     let facts = prereqs::gather(podman, settings);

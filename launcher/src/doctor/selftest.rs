@@ -41,8 +41,8 @@ pub struct ProbeSpec {
     pub tcp: Vec<(String, String, u16)>,
     /// `(kind, address, port)` that a UDP datagram must not reach (this host's listener checks).
     pub udp: Vec<(String, String, u16)>,
-    /// `(kind, address)` of DNS servers other than the router, which must not answer.
-    pub dns: Vec<(String, String)>,
+    /// `(kind, address, port)` of DNS servers other than the router, which must not answer.
+    pub dns: Vec<(String, String, u16)>,
     /// The project directory as mounted.
     pub project: String,
     /// The home volume's mount point.
@@ -73,6 +73,9 @@ struct ProbeLine {
     ok: bool,
     tried: String,
     got: String,
+    /// Not a breach but a feature that does not work here (nested podman that cannot start).
+    #[serde(default)]
+    warn: bool,
 }
 
 /// The checks every probe run reports (beside the per-address ones).
@@ -105,6 +108,14 @@ pub fn parse_output(stdout: &str, expected: &[String]) -> Vec<Check> {
         let detail = format!("{}: {}", l.tried, l.got);
         out.push(if l.ok {
             Check::pass(Section::Containment, &l.name, detail)
+        } else if l.warn {
+            Check::bad(
+                Section::Containment,
+                Status::Warn,
+                &l.name,
+                detail,
+                fix_for(&l.name),
+            )
         } else {
             Check::bad(
                 Section::Containment,
@@ -132,7 +143,7 @@ pub fn parse_output(stdout: &str, expected: &[String]) -> Vec<Check> {
 /// The one thing to do when a containment check fails.
 fn fix_for(name: &str) -> String {
     if name == "nested-podman" {
-        return "nested podman does not work here: see its error above; the sandbox itself is unaffected".into();
+        return "nested podman does not work here (podman's error above); the sandbox's own containment is unaffected, but agents cannot run containers".into();
     }
     if name.starts_with("reach-") {
         return "check that the name is on the allowlist and that its upstream answers HTTPS"
@@ -360,7 +371,7 @@ fn run_inner(
                 .iter()
                 .map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")),
         );
-        expected.extend(spec.dns.iter().map(|(k, ip)| format!("dns-{k}-{ip}")));
+        expected.extend(spec.dns.iter().map(|(k, ip, _)| format!("dns-{k}-{ip}")));
         if spec.nested {
             expected.push("nested-podman".into());
         }
@@ -434,16 +445,16 @@ fn spec(
     for a in host_addresses() {
         spec.tcp.push(("host".into(), a.to_string(), tcp_port));
         spec.udp.push(("host".into(), a.to_string(), udp_port));
-        spec.dns.push(("host".into(), a.to_string()));
+        spec.dns.push(("host".into(), a.to_string(), 53));
     }
     for a in resolvers(host_resolv) {
-        spec.dns.push(("host-resolver".into(), a.to_string()));
+        spec.dns.push(("host-resolver".into(), a.to_string(), 53));
     }
     if let Ok(ip) = podman.run(&args::container_ip(&t.router, EGRESS_NETWORK)) {
         let ip = ip.trim();
         if ip.parse::<IpAddr>().is_ok() {
             spec.tcp.push(("router-egress".into(), ip.to_owned(), 443));
-            spec.dns.push(("router-egress".into(), ip.to_owned()));
+            spec.dns.push(("router-egress".into(), ip.to_owned(), 53));
         }
     }
     if let Ok(net) = podman
@@ -453,7 +464,7 @@ fn spec(
     {
         for g in net.subnets.iter().filter_map(|s| s.gateway) {
             spec.tcp.push(("egress-gateway".into(), g.to_string(), 443));
-            spec.dns.push(("egress-gateway".into(), g.to_string()));
+            spec.dns.push(("egress-gateway".into(), g.to_string(), 53));
         }
     }
     match hosts_file_address(hosts, &name) {

@@ -137,6 +137,10 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     );
 
     // 2. Broken set-ups: ✗ with the fix, non-zero exit.
+    // A PATH with a shell (the suite starts the launcher through `sh`) and no podman.
+    let no_podman = dir.join("no-podman-bin");
+    fs::create_dir_all(&no_podman).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", no_podman.join("sh")).unwrap();
     let bad_list = dir.join("bad-allowlist");
     fs::write(&bad_list, "web.test\n10.0.0.1\n").unwrap();
     for (what, extra, check, fix) in [
@@ -157,7 +161,7 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ),
         (
             "PATH without podman",
-            ("PATH", "/nonexistent".to_owned()),
+            ("PATH", no_podman.display().to_string()),
             "podman",
             "install podman",
         ),
@@ -268,6 +272,17 @@ fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
         tcp.local_addr().unwrap().port(),
         udp.local_addr().unwrap().port(),
     );
+    // A DNS server of the test's own on this host: it echoes the query back, which the probe reads as
+    // an answer (a sandbox must never get one from anything but its router).
+    let dns = UdpSocket::bind("0.0.0.0:0").unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let dns_port = dns.local_addr().unwrap().port();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        if let Ok((n, peer)) = dns.recv_from(&mut buf) {
+            let _ = dns.send_to(&buf[..n], peer);
+        }
+    });
     let network = format!("as-e2e-doctor-{}", std::process::id());
     s.mode
         .podman_ok(&["network", "create", "--disable-dns", &network]);
@@ -276,7 +291,7 @@ fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
     let spec = serde_json::json!({
         "name": "web.test", "expect": "127.0.0.2", "unlisted": "unlisted.invalid",
         "tcp": [["host", host, tcp_port]], "udp": [["host", host, udp_port]],
-        "dns": [["host", host]],
+        "dns": [["host", host, dns_port]],
         "project": "/project", "home": "/root", "nested": false, "reach": [],
     });
     let probe = fs::read_to_string(repo_file("launcher/src/doctor/probe.py")).unwrap();
@@ -305,6 +320,7 @@ fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
         &spec.to_string(),
     ]);
     let _ = s.mode.podman(&["network", "rm", "--force", &network]);
+    let _ = echo.join();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let results: Vec<Value> = stdout
         .lines()
