@@ -92,7 +92,10 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     let t = Instant::now();
     let r = s.launch_env(&dir, &["doctor", "--json"], &env);
     let took = t.elapsed();
-    eprintln!("  doctor took {took:.1?} ({name})");
+    eprintln!(
+        "  doctor took {took:.1?} ({name}):\n{}",
+        r.stderr.trim_end()
+    );
     let checks = checks_of(&r.stdout);
     s.checks.check(
         r.code == Some(0),
