@@ -139,6 +139,22 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ),
     );
 
+    // `--reach`, against the suite's own upstream: its certificate is from the test CA, which the sandbox
+    // image does not trust, so the handshake reaching it ends in a verification failure.
+    let reach = s.launch_env(&dir, &["doctor", "--json", "--reach"], &env);
+    let checks = checks_of(&reach.stdout);
+    let web = checks.iter().find(|c| c["name"] == "reach-web.test");
+    s.checks.check(
+        web.is_some_and(|c| {
+            c["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("CERTIFICATE_VERIFY_FAILED"))
+        }),
+        format!(
+            "[{name}] doctor --reach completes a handshake up to web.test's certificate: {web:?}"
+        ),
+    );
+
     // 2. Broken set-ups: ✗ with the fix, non-zero exit.
     // A PATH with a shell (the suite starts the launcher through `sh`) and no podman.
     let no_podman = dir.join("no-podman-bin");
