@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -96,6 +97,9 @@ def dns_tcp(server, name):
 
 
 def describe(e):
+    # An SSLError's errno is OpenSSL's error kind (1 for every verification failure), not errno's.
+    if isinstance(e, ssl.SSLError):
+        return f"{type(e).__name__}: {e.reason or e}"
     if isinstance(e, socket.timeout):
         return "timed out"
     if isinstance(e, OSError) and e.errno:
@@ -302,7 +306,6 @@ def check_nested():
 
 
 def check_reach(name):
-    import ssl
     tried = f"HTTPS handshake with {name}:443 through the router"
     try:
         ctx = ssl.create_default_context()
