@@ -270,6 +270,9 @@ def check_process():
                    and not m.startswith(("/proc", "/dev", "/sys")))
     emit("host-mounts", not extra, "mounts beside the image, the project and the home volume",
          "none" if not extra else ", ".join(extra))
+
+
+def check_setuid():
     try:
         out = subprocess.run(["find", "/", "-xdev", "-perm", "/6000", "-type", "f"],
                              capture_output=True, text=True, timeout=10).stdout.split()
@@ -318,7 +321,10 @@ def check_reach(name):
 
 def main():
     router = nameserver()
-    threads = []
+    # The slow checks (a walk of the image, nested podman's start) run beside the network ones.
+    threads = [threading.Thread(target=check_setuid)]
+    if SPEC.get("nested"):
+        threads.append(threading.Thread(target=check_nested))
     for kind, ip, port in SPEC["tcp"]:
         threads.append(threading.Thread(target=connect, args=(kind, ip, port)))
     for kind, ip, port in SPEC["dns"]:
@@ -334,8 +340,6 @@ def main():
     check_refusals()
     check_ipv6()
     check_process()
-    if SPEC.get("nested"):
-        check_nested()
     for name in SPEC.get("reach", []):
         check_reach(name)
     for t in threads:
