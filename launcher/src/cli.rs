@@ -15,12 +15,14 @@ use clap::Parser;
 #[command(
     name = "agent-sandbox",
     version,
-    override_usage = "agent-sandbox [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
+    override_usage = "agent-sandbox [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox doctor [--json] [--no-session] [--reach]\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
     after_help = "Arguments after the launcher's options go to Claude Code untouched \
                   (`agent-sandbox --continue`). To pass one that the launcher also knows, put `--` first: \
                   `agent-sandbox -- --help` shows Claude's help.\n\n\
-                  Running sessions: agent-sandbox allow|deny|reload|sessions|blocked (first argument \
-                  only; each has --help).\n\n\
+                  Words the launcher reserves as its first argument: allow, deny, reload, sessions, blocked \
+                  (change and watch a running session's allowlist; each has --help) and doctor (check this \
+                  machine and prove the sandbox confines here; `agent-sandbox doctor --help`). To give one \
+                  of them to Claude, put `--` first: `agent-sandbox -- doctor` runs Claude's own doctor.\n\n\
                   Environment: AGENT_SANDBOX_IMAGE, AGENT_SANDBOX_ROUTER_IMAGE, AGENT_SANDBOX_ALLOWLIST, \
                   AGENT_SANDBOX_HOME_VOLUME (see --print-config for what is in effect)."
 )]
@@ -84,6 +86,8 @@ pub enum Action {
     },
     /// Print the effective settings.
     PrintConfig,
+    /// `agent-sandbox doctor`: check this machine, then prove containment in a real session.
+    Doctor(crate::doctor::DoctorOptions),
 }
 
 impl Cli {
@@ -156,6 +160,8 @@ mod tests {
         assert_eq!(session(&["--", "--help"]), ["claude", "--help"]);
         assert_eq!(session(&["--", "--version"]), ["claude", "--version"]);
         assert_eq!(session(&["resume", "-x"]), ["claude", "resume", "-x"]);
+        // `doctor` is the launcher's only as the first word (lib.rs); `--` hands it to Claude.
+        assert_eq!(session(&["--", "doctor"]), ["claude", "doctor"]);
     }
 
     #[test]
@@ -177,6 +183,15 @@ mod tests {
         let text = help.to_string();
         assert!(text.contains("agent-sandbox -- --help"), "{text}");
         assert!(text.contains("--exec"), "{text}");
+        assert!(
+            text.contains("reserves as its first argument: allow, deny, reload, sessions, blocked"),
+            "{text}"
+        );
+        assert!(text.contains("and doctor (check this"), "{text}");
+        assert!(
+            text.contains("`agent-sandbox -- doctor` runs Claude's own doctor"),
+            "{text}"
+        );
         let version = Cli::try_parse_from(["agent-sandbox", "--version"]).unwrap_err();
         assert_eq!(version.kind(), clap::error::ErrorKind::DisplayVersion);
     }

@@ -4,10 +4,12 @@
 //! `main.rs` only calls [`main`]. The modules: [`cli`] (what the user asked), [`settings`] (images,
 //! allowlist, home volume), [`workdir`] (directories the sandbox may not be given), [`podman`] (every
 //! podman command line), [`session`] (the topology and its lifecycle), [`liveness`] (stale sessions),
-//! [`report`] (what the router refused), [`signals`] and [`images`] (`--build-images`), [`live`]
-//! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist).
+//! [`report`] (what the router refused), [`signals`], [`images`] (`--build-images`), [`live`]
+//! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist) and
+//! [`doctor`] (`agent-sandbox doctor`).
 
 pub mod cli;
+pub mod doctor;
 pub mod images;
 pub mod live;
 pub mod liveness;
@@ -32,6 +34,7 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
     let settings = Settings::from_env(|k| std::env::var_os(k))?;
     let podman = Podman::default();
     match action {
+        Action::Doctor(options) => doctor::run(&podman, &settings, &options),
         Action::PrintConfig => {
             print!("{}", settings.describe());
             Ok(0)
@@ -59,11 +62,16 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
 /// The whole program: parse, run, report errors (with their causes) on stderr.
 #[must_use]
 pub fn main() -> ExitCode {
-    if let Some(code) = live::main_if_live(&std::env::args_os().collect::<Vec<_>>()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = live::main_if_live(&argv) {
         return code;
     }
-    let cli = Cli::parse();
-    let action = match cli.action() {
+    let action = match doctor::cli::parse(&argv) {
+        Some(Ok(options)) => Ok(Action::Doctor(options)),
+        Some(Err(e)) => e.exit(),
+        None => Cli::parse_from(argv).action(),
+    };
+    let action = match action {
         Ok(a) => a,
         Err(msg) => {
             eprintln!("agent-sandbox: {msg}");

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use super::{
     ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
     FORWARDER_LOG_MAX, FORWARDER_PATH, FORWARDER_RELAYS_DIR, FORWARDER_RELAYS_PATH, LABEL_SESSION,
-    LABEL_SHARED, NO_HOST_ENV, NO_IPV6, ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH, ROUTER_LOG_MAX,
-    STOP_TIMEOUT_SECS,
+    LABEL_SHARED, LABEL_VERSION, NO_HOST_ENV, NO_IPV6, ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH,
+    ROUTER_LOG_MAX, STOP_TIMEOUT_SECS,
 };
 
 /// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
@@ -70,6 +70,42 @@ pub fn image_exists(image: &str) -> Vec<OsString> {
 pub fn image_ids(images: &[&str]) -> Vec<OsString> {
     Argv::new(&["image", "inspect", "--format", "{{.Id}}"])
         .args(images.iter().copied())
+        .done()
+}
+
+/// The images' labels and sizes as JSON (`agent-sandbox doctor`: which launcher version built them).
+#[must_use]
+pub fn image_inspect(images: &[&str]) -> Vec<OsString> {
+    Argv::new(&["image", "inspect"])
+        .args(images.iter().copied())
+        .done()
+}
+
+/// `agent-sandbox doctor`'s trial run: can podman start a container here at all? The router image's
+/// own `--version`, with no network and nothing it could change.
+#[must_use]
+pub fn trial_run(image: &str) -> Vec<OsString> {
+    Argv::new(&["run", "--rm", "--pull=never"])
+        .opt("--network", "none")
+        .args(NO_HOST_ENV)
+        .arg("--read-only")
+        .opt("--cap-drop", "ALL")
+        .opt("--security-opt", "no-new-privileges")
+        .opt("--log-driver", "none")
+        .arg(image)
+        .arg("--version")
+        .done()
+}
+
+/// A container's address on one of its networks (`agent-sandbox doctor`: the router's egress side).
+#[must_use]
+pub fn container_ip(name: &str, network: &str) -> Vec<OsString> {
+    Argv::new(&["container", "inspect"])
+        .opt(
+            "--format",
+            format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+        )
+        .arg(name)
         .done()
 }
 
@@ -413,7 +449,11 @@ pub fn build(
     secrets: &[(String, PathBuf)],
 ) -> Vec<OsString> {
     let mut a = Argv::new(&["build"]);
-    a.opt("--tag", tag).opt("--file", containerfile);
+    // The version label lets `agent-sandbox doctor` tell images built by another launcher version.
+    a.opt("--tag", tag).opt("--file", containerfile).opt(
+        "--label",
+        format!("{LABEL_VERSION}={}", env!("CARGO_PKG_VERSION")),
+    );
     for (k, val) in build_args {
         a.opt("--build-arg", format!("{k}={val}"));
     }
@@ -802,6 +842,24 @@ mod tests {
     }
 
     #[test]
+    fn doctor_commands() {
+        assert_eq!(
+            strs(&container_ip("r", "agent-sandbox-egress")),
+            [
+                "container",
+                "inspect",
+                "--format",
+                "{{(index .NetworkSettings.Networks \"agent-sandbox-egress\").IPAddress}}",
+                "r"
+            ]
+        );
+        let trial = strs(&trial_run("localhost/r:dev"));
+        assert!(trial.windows(2).any(|w| w == ["--network", "none"]));
+        assert!(trial.windows(2).any(|w| w == ["--cap-drop", "ALL"]));
+        assert_eq!(trial.last().unwrap(), "--version");
+    }
+
+    #[test]
     fn build_passes_args_and_secrets() {
         let a = strs(&build(
             Path::new("/r/containers/sandbox/Containerfile"),
@@ -821,6 +879,8 @@ mod tests {
                 "localhost/agent-sandbox:dev",
                 "--file",
                 "/r/containers/sandbox/Containerfile",
+                "--label",
+                &format!("agent-sandbox.version={}", env!("CARGO_PKG_VERSION")),
                 "--build-arg",
                 "BASE=localhost/debian:bookworm",
                 "--secret",

@@ -59,6 +59,17 @@ pub struct Info {
     /// Where podman keeps its storage.
     #[serde(default, deserialize_with = "null_as_default")]
     pub store: Store,
+    /// podman's own version (`agent-sandbox doctor` checks it).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub version: Version,
+}
+
+/// `info.version`.
+#[derive(Debug, Default, Deserialize)]
+pub struct Version {
+    /// `4.3.1`, `5.8.2`.
+    #[serde(default, rename = "Version")]
+    pub version: String,
 }
 
 impl Info {
@@ -108,6 +119,49 @@ pub struct Host {
     /// The API socket (left out by some remote clients).
     #[serde(default)]
     pub remote_socket: Option<RemoteSocket>,
+    /// `v1` (also hybrid) or `v2`.
+    #[serde(default)]
+    pub cgroup_version: String,
+    /// `netavark` or `cni`.
+    #[serde(default)]
+    pub network_backend: String,
+    /// The network backend's details: podman 5 names its DNS server (aardvark-dns) here, podman 4.3
+    /// leaves it out.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub network_backend_info: NetworkBackendInfo,
+    /// The OCI runtime (crun, runc).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub oci_runtime: OciRuntime,
+}
+
+/// `info.host.networkBackendInfo` (podman 5).
+#[derive(Debug, Default, Deserialize)]
+pub struct NetworkBackendInfo {
+    /// The DNS server's details.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub dns: Program,
+}
+
+/// A helper program podman reports: its version line and path.
+#[derive(Debug, Default, Deserialize)]
+pub struct Program {
+    /// `aardvark-dns 1.16.0`.
+    #[serde(default)]
+    pub version: String,
+    /// Where podman runs it from.
+    #[serde(default)]
+    pub path: String,
+}
+
+/// `info.host.ociRuntime`.
+#[derive(Debug, Default, Deserialize)]
+pub struct OciRuntime {
+    /// `crun`, `runc`.
+    #[serde(default)]
+    pub name: String,
+    /// Its version text (several lines; the first names the version).
+    #[serde(default)]
+    pub version: String,
 }
 
 /// `info.host.idMappings`: `null` lists when rootful.
@@ -167,6 +221,9 @@ pub struct Store {
     /// storage.conf (podman 4 and 5; gone after 5.8).
     #[serde(default)]
     pub config_file: Option<String>,
+    /// The storage driver: `overlay`, or `vfs`, which copies a whole image for every container.
+    #[serde(default)]
+    pub graph_driver_name: String,
 }
 
 /// One network of `podman network inspect` or `podman network ls --format json` (netavark's
@@ -228,6 +285,28 @@ impl Network {
             .filter_map(|s| s.gateway)
             .map(|ip| SocketAddr::new(ip, 53))
             .collect()
+    }
+}
+
+/// One image of `podman image inspect`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Image {
+    /// Its tags, to tell the images of one answer apart.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub repo_tags: Vec<String>,
+    /// Its labels (the launcher version that built it, for images `--build-images` made).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub labels: HashMap<String, String>,
+    /// Its size in bytes (what the `vfs` driver copies for every container).
+    #[serde(default)]
+    pub size: u64,
+}
+
+impl Image {
+    /// Parses `podman image inspect IMAGE...`.
+    pub fn parse_inspect(json: &str) -> Result<Vec<Image>, JsonError> {
+        parse::<Option<Vec<Image>>>("image inspect", json).map(Option::unwrap_or_default)
     }
 }
 
@@ -316,6 +395,47 @@ mod tests {
                 "{version}"
             );
         }
+    }
+
+    #[test]
+    fn info_what_doctor_reads_of_each_version() {
+        for (version, json, cgroup, runtime, dns) in [
+            (
+                "4.3.1",
+                sample!("4.3.1", "info-rootful.json"),
+                "v1",
+                "runc",
+                "",
+            ),
+            (
+                "5.8.2",
+                sample!("5.8.2", "info-rootful.json"),
+                "v2",
+                "crun",
+                "aardvark-dns 1.16.0",
+            ),
+        ] {
+            let info = Info::parse(json).unwrap();
+            assert_eq!(info.version.version, version);
+            assert_eq!(info.host.cgroup_version, cgroup, "{version}");
+            assert_eq!(info.host.network_backend, "netavark", "{version}");
+            assert_eq!(info.host.oci_runtime.name, runtime, "{version}");
+            assert_eq!(info.host.network_backend_info.dns.version, dns, "{version}");
+            assert_eq!(info.store.graph_driver_name, "overlay", "{version}");
+        }
+    }
+
+    #[test]
+    fn image_inspect() {
+        let json = r#"[{"Id":"2d9c","RepoTags":["localhost/agent-sandbox-router:dev"],"Size":6737593,
+            "Labels":{"io.buildah.version":"1.28.2","agent-sandbox.version":"0.4.0"}},
+            {"RepoTags":null,"Labels":null}]"#;
+        let images = Image::parse_inspect(json).unwrap();
+        assert_eq!(images[0].repo_tags, ["localhost/agent-sandbox-router:dev"]);
+        assert_eq!(images[0].labels["agent-sandbox.version"], "0.4.0");
+        assert_eq!(images[0].size, 6_737_593);
+        assert!(images[1].labels.is_empty() && images[1].repo_tags.is_empty());
+        assert!(Image::parse_inspect("garbage").is_err());
     }
 
     #[test]

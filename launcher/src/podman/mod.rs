@@ -38,6 +38,9 @@ pub const LABEL_SHARED: &str = "agent-sandbox.shared";
 
 /// Where the session directory's `router/` is mounted inside the router container.
 pub const ROUTER_CONFIG_DIR: &str = "/etc/agent-sandbox";
+/// Label on the images `--build-images` makes: the launcher version that built them.
+pub const LABEL_VERSION: &str = "agent-sandbox.version";
+
 /// Where the router finds its configuration inside its container.
 pub const ROUTER_CONFIG_PATH: &str = "/etc/agent-sandbox/router.toml";
 /// Where the session directory's `forwarder/` is mounted inside the forwarder container.

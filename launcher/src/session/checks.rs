@@ -37,6 +37,16 @@ pub(super) fn check(
         .context("cannot read the current directory")?
         .canonicalize()
         .context("cannot resolve the current directory")?;
+    check_in(podman, settings, project)
+}
+
+/// Step 1 for a given (canonical) project directory: `agent-sandbox doctor` runs its session in an
+/// empty directory of its own.
+pub(super) fn check_in(
+    podman: &Podman,
+    settings: &Settings,
+    project: PathBuf,
+) -> anyhow::Result<(Checked, SharedProbes)> {
     let locations = workdir::allowlist_locations(&settings.allowlist).with_context(|| {
         format!(
             "cannot resolve the allowlist path {}",

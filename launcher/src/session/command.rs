@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::Path;
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Output};
 
 use anyhow::Context as _;
 
@@ -27,23 +27,14 @@ pub(super) fn run_command(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<ExitStatus> {
-    let spec = SandboxSpec {
-        name: format!("{}-sandbox", session.base),
-        labels: session.labels.clone(),
-        pod: session.pod.clone(),
-        image: settings.image.clone(),
-        user: checked.user.mapping,
-        passwd_entry: checked.user.passwd_entry,
-        project: checked.project,
-        home_volume: settings.home_volume.clone(),
-        home: checked.user.home,
-        chown_home: shared.chown_home,
-        hosts_file: session.hosts.clone(),
-        resolv_file: session.resolv.clone(),
-        tty: std::io::stdin().is_terminal(),
-        pass_env: PASS_ENV.iter().map(|s| (*s).to_owned()).collect(),
+    let spec = sandbox_spec(
+        settings,
+        checked,
+        shared,
+        session,
         command,
-    };
+        std::io::stdin().is_terminal(),
+    );
     let escalate = {
         let podman = podman.clone();
         let pod = session.pod.clone();
@@ -66,6 +57,50 @@ pub(super) fn run_command(
     let status = child.wait();
     signals.set_child(None);
     status.context("waiting for the sandbox's podman run")
+}
+
+/// The sandbox container of a session: the same for an interactive command and for the doctor's probe.
+fn sandbox_spec(
+    settings: &Settings,
+    checked: Checked,
+    shared: &Shared,
+    session: &Session,
+    command: Vec<OsString>,
+    tty: bool,
+) -> SandboxSpec {
+    SandboxSpec {
+        name: format!("{}-sandbox", session.base),
+        labels: session.labels.clone(),
+        pod: session.pod.clone(),
+        image: settings.image.clone(),
+        user: checked.user.mapping,
+        passwd_entry: checked.user.passwd_entry,
+        project: checked.project,
+        home_volume: settings.home_volume.clone(),
+        home: checked.user.home,
+        chown_home: shared.chown_home,
+        hosts_file: session.hosts.clone(),
+        resolv_file: session.resolv.clone(),
+        tty,
+        pass_env: PASS_ENV.iter().map(|s| (*s).to_owned()).collect(),
+        command,
+    }
+}
+
+/// Step 4 for `agent-sandbox doctor`: the probe in the sandbox container, exactly as a command would
+/// run but with no terminal and its output captured.
+pub(super) fn run_captured(
+    podman: &Podman,
+    settings: &Settings,
+    checked: Checked,
+    shared: &Shared,
+    session: &Session,
+    command: Vec<OsString>,
+) -> anyhow::Result<Output> {
+    let spec = sandbox_spec(settings, checked, shared, session, command, false);
+    podman
+        .output(&args::sandbox_run(&spec))
+        .context("running the probe in the sandbox")
 }
 
 /// Step 5: what the router refused, from its log (nothing when nothing was refused).

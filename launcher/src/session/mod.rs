@@ -111,6 +111,62 @@ pub fn run(
     Ok(command::exit_code(status))
 }
 
+/// What `agent-sandbox doctor` learns of a session it started, to aim its probe.
+#[derive(Debug)]
+pub struct ProbeTarget {
+    /// The router container.
+    pub router: String,
+    /// The router's address on the session network (the sandbox's resolver).
+    pub router_ip: std::net::Ipv4Addr,
+    /// Which names resolve to which loopback address in the sandbox.
+    pub loopbacks: Vec<agent_sandbox_shared::plan::LoopbackAssignment>,
+    /// Rootless podman (keep-id): nested podman is available in the sandbox.
+    pub rootless: bool,
+    /// The project directory, as mounted in the sandbox.
+    pub project: std::path::PathBuf,
+    /// The sandbox user's home (the home volume).
+    pub home: std::path::PathBuf,
+}
+
+/// `agent-sandbox doctor`'s self-test: a session exactly as [`run`] starts one (same checks, images,
+/// topology and user mapping) in `project`, whose command `probe` makes once the session is up; the
+/// command's output is returned instead of shown. Everything is removed before it returns.
+pub fn run_probe(
+    podman: &Podman,
+    settings: &Settings,
+    project: std::path::PathBuf,
+    signals: &SignalWatch,
+    probe: impl FnOnce(&ProbeTarget) -> anyhow::Result<Vec<OsString>>,
+) -> Result<std::process::Output, SessionError> {
+    let (checked, probes) =
+        checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
+    interrupted(signals)?;
+    let shared =
+        shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
+    interrupted(signals)?;
+    let mut cleanup = cleanup::Cleanup::new(podman.clone());
+    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    let target = ProbeTarget {
+        router: session.router.clone(),
+        router_ip: session.router_ip,
+        loopbacks: session.loopbacks.clone(),
+        rootless: checked.user.mapping == crate::podman::UserMapping::KeepId,
+        project: checked.project.clone(),
+        home: checked.user.home.clone(),
+    };
+    let command = probe(&target).map_err(SessionError::Command)?;
+    let out = command::run_captured(podman, settings, checked, &shared, &session, command)
+        .map_err(SessionError::Command)?;
+    cleanup.run();
+    Ok(out)
+}
+
+/// For `agent-sandbox doctor`: how many session networks of a `podman network ls` listing belong to
+/// launchers that are gone (their objects are leftovers), and how many to live sessions.
+pub fn stale_networks(networks_json: &str) -> anyhow::Result<(usize, usize)> {
+    stale::count(networks_json)
+}
+
 /// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
 fn interrupted(signals: &SignalWatch) -> Result<(), SessionError> {
     match signals.received() {

@@ -42,6 +42,20 @@ pub(super) fn any_stale(networks_json: &str) -> anyhow::Result<bool> {
         .any(|o| o.labels.contains_key(LABEL_SESSION) && !liveness::is_live(&o.labels, &boot)))
 }
 
+/// How many session networks of a listing belong to launchers that are gone, and how many to live ones.
+pub(super) fn count(networks_json: &str) -> anyhow::Result<(usize, usize)> {
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    let sessions: Vec<Listed> = parse_listing(Kind::Network, networks_json)
+        .into_iter()
+        .filter(|o| o.labels.contains_key(LABEL_SESSION))
+        .collect();
+    let stale = sessions
+        .iter()
+        .filter(|o| !liveness::is_live(&o.labels, &boot))
+        .count();
+    Ok((stale, sessions.len() - stale))
+}
+
 /// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
 /// networks). Objects of live sessions are never touched.
 pub(super) fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
@@ -164,6 +178,8 @@ mod tests {
         );
         assert!(any_stale(&net(me, start + 1)).unwrap(), "a reused pid");
         assert!(!any_stale("[]").unwrap());
+        assert_eq!(count(&net(me, start)).unwrap(), (0, 1));
+        assert_eq!(count(&net(me, start + 1)).unwrap(), (1, 0));
         // Labels this version cannot read: not ours to judge live, so swept.
         assert!(any_stale(r#"[{"name":"x","labels":{"agent-sandbox.session":"a"}}]"#).unwrap());
     }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
 
+use agent_sandbox_shared::plan::LoopbackAssignment;
 use agent_sandbox_shared::SessionPlan;
 
 use super::checks::Checked;
@@ -36,6 +37,10 @@ pub(super) struct Session {
     pub(super) hosts: PathBuf,
     /// The session's /etc/resolv.conf.
     pub(super) resolv: PathBuf,
+    /// The router's address on the session network.
+    pub(super) router_ip: Ipv4Addr,
+    /// Which names resolve to which loopback address in the sandbox.
+    pub(super) loopbacks: Vec<LoopbackAssignment>,
 }
 
 /// Step 3: the session network, the router, the pod and the forwarder, recorded in `cleanup` as they
@@ -62,6 +67,8 @@ pub(super) fn start(
         router: names.router,
         hosts: planned.hosts,
         resolv: planned.resolv,
+        router_ip: planned.router_ip,
+        loopbacks: planned.plan.loopbacks,
     })
 }
 

@@ -6,6 +6,7 @@ use crate::suite::Suite;
 mod claude_hosts;
 mod cleanup;
 mod concurrent;
+mod doctor;
 mod escapes;
 mod files;
 mod live;
@@ -32,4 +33,5 @@ pub(crate) const ALL: &[Scenario] = &[
     ("stale", stale::run),
     ("claude_hosts", claude_hosts::run),
     ("live", live::run),
+    ("doctor", doctor::run),
 ];

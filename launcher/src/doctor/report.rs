@@ -1,0 +1,192 @@
+//! The doctor's table: one line per check, as text for people and as JSON for scripts.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// How a check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// As it should be.
+    Pass,
+    /// Broken: sessions cannot start here, or containment does not hold.
+    Fail,
+    /// Works, at a cost or in a mode that is not the supported one.
+    Warn,
+    /// Not applicable here (said why).
+    Skip,
+}
+
+impl Status {
+    /// The mark in the text table.
+    #[must_use]
+    pub fn mark(self) -> &'static str {
+        match self {
+            Status::Pass => "✓",
+            Status::Fail => "✗",
+            Status::Warn => "!",
+            Status::Skip => "-",
+        }
+    }
+}
+
+/// Which part of the run a check belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Section {
+    /// What this machine must have for a session to start.
+    Prerequisites,
+    /// What a real session lets the sandbox do.
+    Containment,
+}
+
+/// One line of the table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// The part of the run it belongs to.
+    pub section: Section,
+    /// A short stable name (`podman`, `dns-unlisted-udp`), for scripts and tests.
+    pub name: String,
+    /// How it came out.
+    pub status: Status,
+    /// What was found, or what was tried and what happened.
+    pub detail: String,
+    /// The one thing to do, for every failure and warning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A check that passed.
+    #[must_use]
+    pub fn pass(section: Section, name: &str, detail: impl Into<String>) -> Check {
+        Check {
+            section,
+            name: name.to_owned(),
+            status: Status::Pass,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    /// A check that does not apply here.
+    #[must_use]
+    pub fn skip(section: Section, name: &str, detail: impl Into<String>) -> Check {
+        Check {
+            status: Status::Skip,
+            ..Check::pass(section, name, detail)
+        }
+    }
+
+    /// A failure or a warning, with the one thing to do about it.
+    #[must_use]
+    pub fn bad(
+        section: Section,
+        status: Status,
+        name: &str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
+        Check {
+            section,
+            name: name.to_owned(),
+            status,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// Every check of one run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    /// In the order they ran.
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// Whether nothing failed (warnings and skipped checks do not fail the run).
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.status != Status::Fail)
+    }
+
+    /// One check as a line of the text table (and its fix on the next line).
+    #[must_use]
+    pub fn line(check: &Check) -> String {
+        let mut out = format!(
+            "  {} {:<22} {}\n",
+            check.status.mark(),
+            check.name,
+            check.detail
+        );
+        if let Some(fix) = &check.fix {
+            let _ = writeln!(out, "      → {fix}");
+        }
+        out
+    }
+
+    /// The closing line of the text table.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let count = |s| self.checks.iter().filter(|c| c.status == s).count();
+        format!(
+            "{} passed, {} failed, {} warnings, {} not applicable\n",
+            count(Status::Pass),
+            count(Status::Fail),
+            count(Status::Warn),
+            count(Status::Skip)
+        )
+    }
+
+    /// The whole report as one JSON object: `{"passed": bool, "checks": [...]}`.
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        serde_json::json!({ "passed": self.passed(), "checks": self.checks }).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_fail_the_run_and_warnings_do_not() {
+        let mut r = Report::default();
+        r.checks
+            .push(Check::pass(Section::Prerequisites, "podman", "4.3.1"));
+        r.checks.push(Check::bad(
+            Section::Prerequisites,
+            Status::Warn,
+            "storage",
+            "vfs",
+            "install fuse-overlayfs",
+        ));
+        r.checks
+            .push(Check::skip(Section::Containment, "nested", "rootful"));
+        assert!(r.passed());
+        assert_eq!(
+            Report::line(&r.checks[1]),
+            "  ! storage                vfs\n      → install fuse-overlayfs\n"
+        );
+        r.checks.push(Check::bad(
+            Section::Containment,
+            Status::Fail,
+            "caps",
+            "CapEff=1",
+            "x",
+        ));
+        assert!(!r.passed());
+        assert_eq!(
+            r.summary(),
+            "1 passed, 1 failed, 1 warnings, 1 not applicable\n"
+        );
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(json["passed"], false);
+        assert_eq!(json["checks"][1]["status"], "warn");
+        assert_eq!(json["checks"][0]["section"], "prerequisites");
+        assert!(json["checks"][0].get("fix").is_none());
+        assert_eq!(json["checks"][3]["fix"], "x");
+    }
+}

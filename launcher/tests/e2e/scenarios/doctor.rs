@@ -1,0 +1,380 @@
+//! `agent-sandbox doctor`: it passes here and names every check; each containment check is shown able
+//! to fail (the same probe in a plain container on a bridge network of the test's own); broken set-ups
+//! give ✗ with the fix and a non-zero exit. Every address probed is this machine's or the test's own
+//! containers': the host's resolvers are replaced by a resolv.conf naming this machine's own address.
+
+use std::fs;
+use std::net::{TcpListener, UdpSocket};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::mode::{repo_file, sh};
+use crate::suite::Suite;
+use crate::SANDBOX_IMAGE;
+
+/// Every prerequisite's name in the table.
+const PREREQS: &[&str] = &[
+    "podman",
+    "mode",
+    "subuid/subgid",
+    "cgroups",
+    "network backend",
+    "OCI runtime",
+    "user namespaces",
+    "/dev/fuse",
+    "XDG_RUNTIME_DIR",
+    "router image",
+    "sandbox image",
+    "allowlist",
+    "home volume",
+    "leftovers",
+    "storage driver",
+    "trial run",
+];
+
+/// The containment checks every run reports (beside one per probed address).
+const CONTAINMENT: &[&str] = &[
+    "dns-allowlisted",
+    "dns-unlisted-udp",
+    "dns-unlisted-tcp",
+    "tls-unlisted-sni",
+    "http-unlisted-host",
+    "no-ipv6",
+    "no-capabilities",
+    "read-only-/etc/hosts",
+    "read-only-/etc/resolv.conf",
+    "no-podman-socket",
+    "host-mounts",
+    "no-setuid",
+    "host-listeners",
+];
+
+/// This machine's first global IPv4 address.
+fn host_ipv4() -> String {
+    let out = sh(Command::new("ip").args(["-4", "-o", "addr", "show", "scope", "global"]));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .expect("a global IPv4 address")
+        .to_owned()
+}
+
+fn checks_of(json: &str) -> Vec<Value> {
+    serde_json::from_str::<Value>(json)
+        .ok()
+        .and_then(|v| v["checks"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn status_of<'a>(checks: &'a [Value], name: &str) -> Option<&'a str> {
+    checks
+        .iter()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["status"].as_str())
+}
+
+/// Runs the scenario, recording its checks.
+pub(crate) fn run(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let dir = s.project("doctor");
+    let resolv = dir.join("host-resolv.conf");
+    fs::write(&resolv, format!("nameserver {}\n", host_ipv4())).unwrap();
+    let env = [(
+        "AGENT_SANDBOX_DOCTOR_RESOLV_CONF",
+        resolv.display().to_string(),
+    )];
+
+    // 1. It passes here, and its table names every check.
+    let t = Instant::now();
+    let r = s.launch_env(&dir, &["doctor", "--json"], &env);
+    let took = t.elapsed();
+    eprintln!(
+        "  doctor took {took:.1?} ({name}):\n{}",
+        r.stderr.trim_end()
+    );
+    let checks = checks_of(&r.stdout);
+    s.checks.check(
+        r.code == Some(0),
+        format!("[{name}] doctor passes: {}\n{}", r.stdout, r.stderr),
+    );
+    let mut expected: Vec<&str> = PREREQS.iter().chain(CONTAINMENT).copied().collect();
+    if !s.mode.rootful() {
+        expected.push("nested-podman");
+    }
+    for want in expected {
+        let status = status_of(&checks, want);
+        s.checks.check(
+            matches!(status, Some("pass" | "warn" | "skip")),
+            format!("[{name}] doctor names `{want}`, not failed: {status:?}"),
+        );
+    }
+    s.checks.check(
+        checks.iter().any(|c| {
+            c["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("tcp-host-"))
+        }),
+        format!("[{name}] doctor probes this host's addresses"),
+    );
+    s.checks.check(
+        took < Duration::from_secs(15),
+        format!("[{name}] doctor runs in under 15 s: {took:.1?}"),
+    );
+    s.checks.check(
+        s.session_objects(&dir).is_empty() && !r.stderr.contains("could not remove"),
+        format!("[{name}] doctor leaves no session objects"),
+    );
+    let text = s.launch_env(&dir, &["doctor", "--no-session"], &env);
+    s.checks.check(
+        text.code == Some(0)
+            && text.stdout.contains("✓ podman")
+            && text.stdout.contains("passed, 0 failed"),
+        format!(
+            "[{name}] doctor --no-session prints the table: {}",
+            text.stdout
+        ),
+    );
+
+    // `--reach`, against the suite's own upstream: its certificate is from the test CA, which the sandbox
+    // image does not trust, so the handshake reaching it ends in a verification failure.
+    let reach = s.launch_env(&dir, &["doctor", "--json", "--reach"], &env);
+    let checks = checks_of(&reach.stdout);
+    let web = checks.iter().find(|c| c["name"] == "reach-web.test");
+    s.checks.check(
+        web.is_some_and(|c| {
+            c["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("CERTIFICATE_VERIFY_FAILED"))
+        }),
+        format!(
+            "[{name}] doctor --reach completes a handshake up to web.test's certificate: {web:?}"
+        ),
+    );
+
+    // 2. Broken set-ups: ✗ with the fix, non-zero exit.
+    // A PATH with a shell (the suite starts the launcher through `sh`) and no podman.
+    let no_podman = dir.join("no-podman-bin");
+    fs::create_dir_all(&no_podman).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", no_podman.join("sh")).unwrap();
+    let bad_list = dir.join("bad-allowlist");
+    fs::write(&bad_list, "web.test\n10.0.0.1\n").unwrap();
+    for (what, extra, check, fix) in [
+        (
+            "a missing image",
+            (
+                "AGENT_SANDBOX_IMAGE",
+                "localhost/as-e2e-missing:none".to_owned(),
+            ),
+            "sandbox image",
+            "make build",
+        ),
+        (
+            "an invalid allowlist",
+            ("AGENT_SANDBOX_ALLOWLIST", bad_list.display().to_string()),
+            "allowlist",
+            "edit",
+        ),
+        (
+            "PATH without podman",
+            ("PATH", no_podman.display().to_string()),
+            "podman",
+            "install podman",
+        ),
+    ] {
+        let r = s.launch_env(&dir, &["doctor", "--json", "--no-session"], &[extra]);
+        let checks = checks_of(&r.stdout);
+        let c = checks.iter().find(|c| c["name"] == check);
+        let ok = r.code == Some(1)
+            && c.is_some_and(|c| {
+                c["status"] == "fail" && c["fix"].as_str().is_some_and(|f| f.contains(fix))
+            });
+        s.checks.check(
+            ok,
+            format!(
+                "[{name}] {what}: ✗ {check} with the fix: {c:?} (exit {:?}) {}",
+                r.code, r.stderr
+            ),
+        );
+        if check == "allowlist" {
+            let detail = c.and_then(|c| c["detail"].as_str()).unwrap_or("");
+            s.checks.check(
+                detail.contains(":2:"),
+                format!("[{name}] the allowlist error names its line: {detail}"),
+            );
+        }
+    }
+
+    // 3. Each containment check able to fail: the same probe, in a plain container on a bridge network
+    // of this test's own, as root with capabilities, an extra mount, a socket file and a setuid file.
+    if s.mode.rootful() {
+        control(s, &dir);
+        no_subordinate_ids(s);
+    }
+}
+
+/// A user made for this check (no /etc/subuid or /etc/subgid range), removed with everything of
+/// theirs on drop.
+struct NoSubIdsUser(&'static str);
+
+impl Drop for NoSubIdsUser {
+    fn drop(&mut self) {
+        // Their rootless podman leaves a pause process: end exactly the processes of this user.
+        let _ =
+            sh(Command::new("runuser").args(["-u", self.0, "--", "podman", "system", "migrate"]));
+        let pids = sh(Command::new("pgrep").args(["-u", self.0]));
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let _ = sh(Command::new("kill").args(["-KILL", pid]));
+        }
+        let _ = sh(Command::new("userdel").args(["--remove", self.0]));
+    }
+}
+
+/// Rootless podman for a user with no subordinate range: ✗ subuid/subgid with the usermod fix.
+fn no_subordinate_ids(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let user = "as-e2e-nosubids";
+    let made = sh(Command::new("useradd").args([
+        "--create-home",
+        "-K",
+        "SUB_UID_COUNT=0",
+        "-K",
+        "SUB_GID_COUNT=0",
+        user,
+    ]));
+    let _guard = NoSubIdsUser(user);
+    assert!(
+        made.status.success(),
+        "useradd: {}",
+        crate::mode::text(&made)
+    );
+    let home = format!("/home/{user}");
+    let mut c = Command::new("runuser");
+    c.args(["-u", user, "--", "env", "-i"])
+        .arg(format!("HOME={home}"))
+        .arg("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .arg(format!("USER={user}"));
+    if let Ok(conf) = std::env::var("CONTAINERS_CONF") {
+        c.arg(format!("CONTAINERS_CONF={conf}"));
+    }
+    c.args([crate::LAUNCHER, "doctor", "--json", "--no-session"])
+        .current_dir("/");
+    let out = sh(&mut c);
+    let checks = checks_of(&String::from_utf8_lossy(&out.stdout));
+    let sub = checks.iter().find(|c| c["name"] == "subuid/subgid");
+    s.checks.check(
+        out.status.code() == Some(1)
+            && sub.is_some_and(|c| {
+                c["status"] == "fail"
+                    && c["fix"]
+                        .as_str()
+                        .is_some_and(|f| f.contains("usermod --add-subuids"))
+            }),
+        format!(
+            "[{name}] a user with no subuid range: ✗ subuid/subgid with the fix: {sub:?} {}",
+            crate::mode::text(&out)
+        ),
+    );
+}
+
+/// The probe outside a sandbox: every check that a sandbox must pass reports failure here.
+fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
+    let name = s.mode.name().to_owned();
+    let host = host_ipv4();
+    let tcp = TcpListener::bind("0.0.0.0:0").unwrap();
+    let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (tcp_port, udp_port) = (
+        tcp.local_addr().unwrap().port(),
+        udp.local_addr().unwrap().port(),
+    );
+    // A DNS server of the test's own on this host: it echoes the query back, which the probe reads as
+    // an answer (a sandbox must never get one from anything but its router).
+    let dns = UdpSocket::bind("0.0.0.0:0").unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let dns_port = dns.local_addr().unwrap().port();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        if let Ok((n, peer)) = dns.recv_from(&mut buf) {
+            let _ = dns.send_to(&buf[..n], peer);
+        }
+    });
+    let network = format!("as-e2e-doctor-{}", std::process::id());
+    s.mode
+        .podman_ok(&["network", "create", "--disable-dns", &network]);
+    let sock = dir.join("podman.sock");
+    fs::write(&sock, "").unwrap();
+    let spec = serde_json::json!({
+        "name": "web.test", "expect": "127.0.0.2", "unlisted": "unlisted.invalid",
+        "tcp": [["host", host, tcp_port]], "udp": [["host", host, udp_port]],
+        "dns": [["host", host, dns_port]],
+        "project": "/project", "home": "/root", "nested": false, "reach": [],
+    });
+    let probe = fs::read_to_string(repo_file("launcher/src/doctor/probe.py")).unwrap();
+    let script = "cp /bin/true /tmp/setuid-true && chmod u+s /tmp/setuid-true && exec python3 -c \"$0\" \"$1\"";
+    let out = s.mode.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        &network,
+        // The container's resolver is this machine's own address: no query can leave the machine.
+        "--dns",
+        &host,
+        "--user",
+        "0",
+        "-v",
+        &format!("{}:/project", dir.display()),
+        "-v",
+        &format!("{}:/mnt/extra:ro", dir.display()),
+        "-v",
+        &format!("{}:/run/podman/podman.sock", sock.display()),
+        SANDBOX_IMAGE,
+        "bash",
+        "-c",
+        script,
+        &probe,
+        &spec.to_string(),
+    ]);
+    let _ = s.mode.podman(&["network", "rm", "--force", &network]);
+    let _ = echo.join();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let results: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let must_fail = [
+        "dns-allowlisted",
+        "dns-unlisted-udp",
+        "dns-unlisted-tcp",
+        "tls-unlisted-sni",
+        "http-unlisted-host",
+        "no-capabilities",
+        "read-only-/etc/hosts",
+        "read-only-/etc/resolv.conf",
+        "no-podman-socket",
+        "host-mounts",
+        "no-setuid",
+    ]
+    .map(str::to_owned)
+    .into_iter()
+    .chain([format!("tcp-host-{host}"), format!("dns-host-{host}")]);
+    for check in must_fail {
+        let r = results.iter().find(|r| r["name"] == check.as_str());
+        s.checks.check(
+            r.is_some_and(|r| r["ok"] == false),
+            format!("[{name}] outside a sandbox, `{check}` reports failure: {r:?}"),
+        );
+    }
+    tcp.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 64];
+    s.checks.check(
+        udp.recv_from(&mut buf).is_ok(),
+        format!("[{name}] outside a sandbox, the UDP datagram reaches this host's listener"),
+    );
+    if !results.iter().any(|r| r["name"] == "no-setuid") {
+        eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
