@@ -197,22 +197,31 @@ async def load(a):
     until = time.monotonic() + a.seconds
     ip, name = a.ip, a.name
     faults = [(n, kinds[f"fault-{n.split('.')[0]}"]) for n in a.fault_names.split(",")]
+
+    def new_tls(_):
+        return timed(kinds["tls"], one_shot(ip, 443, name, ctx), 10)
+
+    def new_http(_):
+        return timed(kinds["http"], one_shot(ip, a.http_port, name, None), 10)
+
+    def slow_client(_):
+        return timed(kinds["slow"], slow(ip, a.http_port, name), 15)
+
+    def garbage_client(i):
+        # Closed at the latest when the peek timeout expires.
+        return timed(kinds["garbage"], garbage(ip, a.http_port if i % 2 else 443), a.peek_timeout + 3)
+
+    def fault_request(i):
+        # The never-answering upstream is closed at the router's idle timeout (5 s in soak.sh).
+        fault_name, kind = faults[i % len(faults)]
+        return timed(kind, fault(ip, a.http_port, fault_name), 8)
+
     gens = [
-        paced(a.rate, a.seconds, lambda i: timed(kinds["tls"], one_shot(ip, 443, name, ctx), 10), tasks),
-        paced(a.rate, a.seconds, lambda i: timed(kinds["http"], one_shot(ip, a.http_port, name, None), 10), tasks),
-        paced(0.5, a.seconds, lambda i: timed(kinds["slow"], slow(ip, a.http_port, name), 15), tasks),
-        paced(
-            2,
-            a.seconds,
-            lambda i: timed(kinds["garbage"], garbage(ip, a.http_port if i % 2 else 443), a.peek_timeout + 3),
-            tasks,
-        ),
-        paced(
-            2,
-            a.seconds,
-            lambda i: timed(faults[i % len(faults)][1], fault(ip, a.http_port, faults[i % len(faults)][0]), 8),
-            tasks,
-        ),
+        paced(a.rate, a.seconds, new_tls, tasks),
+        paced(a.rate, a.seconds, new_http, tasks),
+        paced(0.5, a.seconds, slow_client, tasks),
+        paced(2, a.seconds, garbage_client, tasks),
+        paced(2, a.seconds, fault_request, tasks),
         persistent(kinds["relay"], ip, a.relay_port, name, 0.5, until),
     ]
     gens += [persistent(kinds["keepalive"], ip, a.http_port, name, 0.2, until) for _ in range(a.keepalive)]
