@@ -16,6 +16,8 @@
 # Usage: benches/soak.sh [OUT.md]   (SOAK_SECONDS=600 QPS=200 CPS=20 to change the duration and rates)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 secs=${SOAK_SECONDS:-600}
 out=${1:-/dev/stdout}
 qps=${QPS:-200}
@@ -58,16 +60,8 @@ fail() { # message...: print the evidence and exit 1
 # --- the upstream host: .2 nginx (443 TLS, 80 HTTP, 8080 for the host:port entry), .3 nothing listens
 # (refuses), .4 accepts and never answers, .5 resets mid-response -------------------------------------
 up=198.18.77
-ip netns add "$ns"
-ip link add "$veth" type veth peer name eth0 netns "$ns"
-ip addr add "$up.1/29" dev "$veth"
-ip link set "$veth" up
-for i in 2 3 4 5; do ip -n "$ns" addr add "$up.$i/29" dev eth0; done
-ip -n "$ns" link set eth0 up
-ip -n "$ns" link set lo up
-
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=upstream.test \
-    -addext subjectAltName=DNS:upstream.test -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+upstream_netns "$ns" "$veth" "$up.1/29" "$up.2/29" "$up.3/29" "$up.4/29" "$up.5/29"
+upstream_cert "$work"
 mkdir -p "$work/www"
 echo "hello from upstream" >"$work/www/small"
 cat >"$work/nginx-up.conf" <<EOF
@@ -131,10 +125,7 @@ metric_sum() { # name -> sum over its label sets
     curl -sf --max-time 2 "http://$admin/metrics" |
         awk -v n="agent_sandbox_router_$1" 'index($1, n "{") == 1 || $1 == n {s += $2} END {print s + 0}'
 }
-reloads() { # result
-    curl -sf --max-time 2 "http://$admin/metrics" |
-        awk -v r="$1" '$1 == "agent_sandbox_router_config_reloads_total{result=\"" r "\"}" {print $2; f=1} END {if (!f) print 0}'
-}
+reloads() { router_reloads "$admin" "$1"; }
 fds() { find "/proc/$router_pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$router_pid/status"; }
 alive() { kill -0 "$router_pid" 2>/dev/null || fail "the router exited during the run"; }
@@ -213,7 +204,7 @@ kill -TERM "$router_pid"
 router_status=0
 wait "$router_pid" || router_status=$?
 
-field() { awk -v k="$1" 'index($0, k) == 1 {sub(k, ""); print $1; exit}' "$work/dnsperf.out"; }
+field() { dnsperf_field "$work/dnsperf.out" "$1"; }
 sent=$(field '  Queries sent:')
 completed=$(field '  Queries completed:')
 lost=$(field '  Queries lost:')
