@@ -20,7 +20,7 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench packaging-test fuzz k8s-tools k8s-check k8s-test \
+	rpm release-images patch minor major pre-commit bench packaging-test fuzz soak k8s-tools k8s-check k8s-test \
 	setup setup-test install quickstart-test setup-lists-test
 
 # The Kubernetes checks' tools (kubernetes-validate, kubectl for kustomize, pytest), pinned in
@@ -86,6 +86,9 @@ e2e: ## end-to-end suite: real launcher, podman and images; rootful and rootless
 
 fuzz: ## every cargo-fuzz target FUZZ_SECONDS s (default 120); reproducers in fuzz/artifacts/TARGET/
 	FUZZ_SECONDS=$(or $(FUZZ_SECONDS),120) fuzz/run.sh
+
+soak: ## (root) mixed load, reloads and faulty upstreams against one router SOAK_SECONDS s (default 600)
+	SOAK_SECONDS=$(or $(SOAK_SECONDS),600) benches/soak.sh
 
 rpm: ## dist/agent-sandbox-VERSION-RELEASE.x86_64.rpm (the launcher pins the $(REGISTRY) images)
 	REGISTRY=$(REGISTRY) packaging/build-rpm.sh

@@ -10,6 +10,8 @@
 # Usage: benches/reload.sh [SECONDS] [OUT.md]   (QPS=10000 CPS=100 to change the rates)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 secs=${1:-30}
 out=${2:-/dev/stdout}
 qps=${QPS:-10000}
@@ -36,17 +38,8 @@ cleanup() {
 trap cleanup EXIT
 
 # --- the upstream host ---------------------------------------------------------------------------
-ip netns add "$ns"
-ip link add "$veth" type veth peer name eth0 netns "$ns"
-ip addr add 198.18.0.1/30 dev "$veth"
-ip link set "$veth" up
-ip -n "$ns" addr add 198.18.0.2/30 dev eth0
-ip -n "$ns" link set eth0 up
-ip -n "$ns" link set lo up
-
-# ECDSA: the upstream's handshake cost stays small next to the router's, as in proxy.sh's role.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=upstream.test \
-    -addext subjectAltName=DNS:upstream.test -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+upstream_netns "$ns" "$veth" 198.18.0.1/30 198.18.0.2/30
+upstream_cert "$work"
 mkdir -p "$work/www"
 echo "hello from upstream" >"$work/www/small"
 cat >"$work/nginx-up.conf" <<EOF
@@ -93,12 +86,8 @@ for _ in $(seq 100); do
 done
 ready 127.0.1.1 || { echo "router not ready:"; cat "$work/router.log"; exit 1; } >&2
 
-reloads() { # result -> config_reloads_total{result=...}
-    curl -sf --max-time 2 "http://$admin/metrics" |
-        awk -v r="$1" -F' ' '$1 == "agent_sandbox_router_config_reloads_total{result=\"" r "\"}" {print $2; f=1} END {if (!f) print 0}'
-}
-ok_before=$(reloads success)
-failed_before=$(reloads failure)
+ok_before=$(router_reloads "$admin" success)
+failed_before=$(router_reloads "$admin" failure)
 
 # Always-allowed, stable-wildcard, rotating (answered or not by the generation in force) and never-allowed
 # names: every query must get an answer, whichever policy is in force when it lands.
@@ -139,10 +128,10 @@ wait "$tls_pid" || tls_status=$?
 cpu_after=$(cpu_ticks "$router_pid")
 # Both the signal and the file watch may trigger a reload for one rewrite; let a last one settle.
 sleep 2
-ok=$(($(reloads success) - ok_before))
-failed=$(($(reloads failure) - failed_before))
+ok=$(($(router_reloads "$admin" success) - ok_before))
+failed=$(($(router_reloads "$admin" failure) - failed_before))
 
-field() { awk -v k="$1" 'index($0, k) == 1 {sub(k, ""); print $1; exit}' "$work/dnsperf.out"; }
+field() { dnsperf_field "$work/dnsperf.out" "$1"; }
 sent=$(field '  Queries sent:')
 completed=$(field '  Queries completed:')
 lost=$(field '  Queries lost:')

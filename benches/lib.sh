@@ -1,0 +1,36 @@
+# shellcheck shell=bash
+# Set-up shared by the benches that run an upstream in a network namespace of their own (reload.sh,
+# soak.sh). Sourced, not run. Every function only creates; the caller's EXIT trap removes what it made.
+
+# upstream_netns NS VETH HOST_CIDR NS_CIDR...: a network namespace NS joined to this host by the veth pair
+# VETH (host side, address HOST_CIDR) / eth0 (NS side, every NS_CIDR). No default route inside: the
+# upstreams in it can reach nothing but this host.
+upstream_netns() {
+    local ns=$1 veth=$2 host=$3 a
+    shift 3
+    ip netns add "$ns"
+    ip link add "$veth" type veth peer name eth0 netns "$ns"
+    ip addr add "$host" dev "$veth"
+    ip link set "$veth" up
+    for a in "$@"; do ip -n "$ns" addr add "$a" dev eth0; done
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+}
+
+# upstream_cert DIR: DIR/key.pem and DIR/cert.pem for upstream.test. ECDSA, so the upstream's handshake
+# cost stays small next to the router's.
+upstream_cert() {
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=upstream.test \
+        -addext subjectAltName=DNS:upstream.test -keyout "$1/key.pem" -out "$1/cert.pem" 2>/dev/null
+}
+
+# router_reloads ADMIN RESULT: the router's config_reloads_total{result=RESULT} from its /metrics.
+router_reloads() {
+    curl -sf --max-time 2 "http://$1/metrics" |
+        awk -v r="$2" '$1 == "agent_sandbox_router_config_reloads_total{result=\"" r "\"}" {print $2; f=1} END {if (!f) print 0}'
+}
+
+# dnsperf_field FILE KEY: the first word after KEY (e.g. '  Queries lost:') in dnsperf's output FILE.
+dnsperf_field() {
+    awk -v k="$2" 'index($0, k) == 1 {sub(k, ""); print $1; exit}' "$1"
+}

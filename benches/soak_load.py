@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Mixed client load for benches/soak.sh, and the soak's misbehaving upstreams.
+
+`load`: for SECONDS s against one router, open loop (each kind paced by the clock, not by replies):
+  tls        new TLS connection per 1/RATE s to the always-allowed name, GET /small, Connection: close
+  http       the same over plain HTTP
+  keepalive  KEEPALIVE connections each sending one request every 0.2 s on the same connection
+  slow       a client every 2 s sending its request head one byte every 30 ms
+  relay      one connection through the raw host:port listener, one request every 0.5 s, kept open
+  garbage    a client every 0.5 s sending random bytes to the HTTP or TLS listener (must be closed promptly)
+  fault      every 0.5 s in turn: a request to the refusing, the silent and the resetting upstream
+Everything the policy allows must succeed; fault and garbage clients must get a prompt result (a reply or
+a close within their bound). Prints one key=value line per kind and exits 1 on any violation.
+
+`faults`: run in the upstream namespace: a listener at SILENT that accepts and never answers, one at
+RESET that answers half a response then resets. Connects only to the addresses it is given."""
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import socket
+import ssl
+import struct
+import sys
+import time
+
+BODY = b"hello from upstream"
+REQ = "GET /small HTTP/1.1\r\nHost: {}\r\nConnection: {}\r\n\r\n"
+
+
+class Kind:
+    """Outcomes of one client kind."""
+
+    def __init__(self):
+        self.ok = 0
+        self.reasons = collections.Counter()
+        self.times = []
+        self.outcomes = collections.Counter()
+
+    def line(self, name):
+        t = sorted(self.times)
+        pct = lambda q: f"{t[min(len(t) - 1, int(q * len(t)))] * 1000:.1f}" if t else "-"
+        reasons = ",".join(f"{k}:{v}" for k, v in self.reasons.items()) or "-"
+        outcomes = ",".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items())) or "-"
+        return (
+            f"kind={name} ok={self.ok} failed={sum(self.reasons.values())} reasons={reasons}"
+            f" p50_ms={pct(0.5)} p99_ms={pct(0.99)} max_ms={pct(1.0)} outcomes={outcomes}"
+        )
+
+
+async def read_response(reader):
+    """Reads one HTTP/1.1 response with Content-Length; returns (status line, body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v.strip())
+    body = await reader.readexactly(length)
+    return head.split(b"\r\n", 1)[0], body
+
+
+def check(status, body):
+    if not status.startswith(b"HTTP/1.1 200") or BODY not in body:
+        raise ValueError("bad-response")
+
+
+async def timed(kind, coro, timeout):
+    start = time.monotonic()
+    try:
+        outcome = await asyncio.wait_for(coro, timeout)
+    except asyncio.TimeoutError:
+        kind.reasons["timeout"] += 1
+        return
+    except ValueError as e:
+        kind.reasons[str(e)] += 1
+        return
+    except ssl.SSLError as e:
+        kind.reasons[f"tls:{e.reason or type(e).__name__}"] += 1
+        return
+    except (OSError, asyncio.IncompleteReadError) as e:
+        kind.reasons[f"os:{type(e).__name__}"] += 1
+        return
+    kind.ok += 1
+    kind.times.append(time.monotonic() - start)
+    if outcome:
+        kind.outcomes[outcome] += 1
+
+
+async def one_shot(ip, port, name, ctx):
+    reader, writer = await asyncio.open_connection(
+        ip, port, ssl=ctx, server_hostname=name if ctx else None
+    )
+    try:
+        writer.write(REQ.format(name, "close").encode())
+        await writer.drain()
+        check(*await read_response(reader))
+    finally:
+        writer.close()
+
+
+async def slow(ip, port, name):
+    reader, writer = await asyncio.open_connection(ip, port)
+    try:
+        for b in REQ.format(name, "close").encode():
+            writer.write(bytes([b]))
+            await writer.drain()
+            await asyncio.sleep(0.03)
+        check(*await read_response(reader))
+    finally:
+        writer.close()
+
+
+async def garbage(ip, port):
+    """Random bytes; the router must close (or answer and close) promptly. A reply is not checked."""
+    reader, writer = await asyncio.open_connection(ip, port)
+    try:
+        writer.write(os.urandom(random.randint(1, 4096)))
+        await writer.drain()
+        data = b""
+        while chunk := await reader.read(1 << 16):
+            data += chunk
+    except ConnectionResetError:
+        return "reset"
+    finally:
+        writer.close()
+    return data[9:12].decode(errors="replace") if data.startswith(b"HTTP/1.") else ("close" if not data else "other")
+
+
+async def fault(ip, port, name):
+    """A request to a faulty upstream: a 5xx reply or a close is the prompt result wanted. Returns what
+    came back (the status code, `close`, `truncated` for part of a response, with `+reset` after a
+    reset)."""
+    reader, writer = await asyncio.open_connection(ip, port)
+    end = ""
+    try:
+        writer.write(REQ.format(name, "close").encode())
+        await writer.drain()
+        data = b""
+        try:
+            while chunk := await reader.read(1 << 16):
+                data += chunk
+        except ConnectionResetError:
+            end = "+reset"
+        if data.startswith(b"HTTP/1.1 200") and BODY in data:
+            raise ValueError("fault-answered-200")
+    finally:
+        writer.close()
+    if not data:
+        return "close" + end
+    code = data[9:12].decode(errors="replace")
+    return ("truncated-" if code == "200" else "") + code + end
+
+
+async def persistent(kind, ip, port, name, period, until):
+    """One connection, a request every `period` s; reconnects (counted as a failure) if it breaks."""
+    while time.monotonic() < until:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 5)
+        except (OSError, asyncio.TimeoutError) as e:
+            kind.reasons[f"connect:{type(e).__name__}"] += 1
+            await asyncio.sleep(period)
+            continue
+        try:
+            while time.monotonic() < until:
+                start = time.monotonic()
+                writer.write(REQ.format(name, "keep-alive").encode())
+                await writer.drain()
+                check(*await asyncio.wait_for(read_response(reader), 5))
+                kind.ok += 1
+                kind.times.append(time.monotonic() - start)
+                await asyncio.sleep(period)
+        except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+            kind.reasons[f"broken:{type(e).__name__}:{e}"[:60]] += 1
+        finally:
+            writer.close()
+
+
+async def paced(rate, seconds, make, tasks):
+    t0 = time.monotonic()
+    for i in range(int(rate * seconds)):
+        due = t0 + i / rate
+        now = time.monotonic()
+        if due > now:
+            await asyncio.sleep(due - now)
+        tasks.append(asyncio.create_task(make(i)))
+
+
+async def load(a):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    kinds = collections.defaultdict(Kind)
+    tasks = []
+    until = time.monotonic() + a.seconds
+    ip, name = a.ip, a.name
+    faults = [(n, kinds[f"fault-{n.split('.')[0]}"]) for n in a.fault_names.split(",")]
+
+    def new_tls(_):
+        return timed(kinds["tls"], one_shot(ip, 443, name, ctx), 10)
+
+    def new_http(_):
+        return timed(kinds["http"], one_shot(ip, a.http_port, name, None), 10)
+
+    def slow_client(_):
+        return timed(kinds["slow"], slow(ip, a.http_port, name), 15)
+
+    def garbage_client(i):
+        # Closed at the latest when the peek timeout expires.
+        return timed(kinds["garbage"], garbage(ip, a.http_port if i % 2 else 443), a.peek_timeout + 3)
+
+    def fault_request(i):
+        # The never-answering upstream is closed at the router's idle timeout (5 s in soak.sh).
+        fault_name, kind = faults[i % len(faults)]
+        return timed(kind, fault(ip, a.http_port, fault_name), 8)
+
+    gens = [
+        paced(a.rate, a.seconds, new_tls, tasks),
+        paced(a.rate, a.seconds, new_http, tasks),
+        paced(0.5, a.seconds, slow_client, tasks),
+        paced(2, a.seconds, garbage_client, tasks),
+        paced(2, a.seconds, fault_request, tasks),
+        persistent(kinds["relay"], ip, a.relay_port, name, 0.5, until),
+    ]
+    gens += [persistent(kinds["keepalive"], ip, a.http_port, name, 0.2, until) for _ in range(a.keepalive)]
+    await asyncio.gather(*gens)
+    await asyncio.gather(*tasks)
+    for k in sorted(kinds):
+        print(kinds[k].line(k))
+    return 0 if all(not v.reasons for v in kinds.values()) else 1
+
+
+async def serve_faults(a):
+    held = []
+
+    async def silent(reader, writer):
+        held.append(writer)  # never answered, never closed: the client or the router gives up
+
+    async def reset(reader, writer):
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+            await writer.drain()
+            sock = writer.get_extra_info("socket")
+            # SO_LINGER 0: close sends a RST mid-response.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        writer.transport.abort()
+
+    s1 = await asyncio.start_server(silent, a.silent, 80)
+    s2 = await asyncio.start_server(reset, a.reset, 80)
+    print("ready", flush=True)
+    async with s1, s2:
+        await asyncio.gather(s1.serve_forever(), s2.serve_forever())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    lp = sub.add_parser("load")
+    lp.add_argument("--ip", required=True)
+    lp.add_argument("--name", required=True)
+    lp.add_argument("--http-port", type=int, default=80)
+    lp.add_argument("--relay-port", type=int, required=True)
+    lp.add_argument("--fault-names", required=True, help="comma-separated")
+    lp.add_argument("--rate", type=float, default=20, help="new TLS and new HTTP connections per second, each")
+    lp.add_argument("--keepalive", type=int, default=4)
+    lp.add_argument("--peek-timeout", type=float, default=10)
+    lp.add_argument("--seconds", type=float, required=True)
+    fp = sub.add_parser("faults")
+    fp.add_argument("--silent", required=True)
+    fp.add_argument("--reset", required=True)
+    a = p.parse_args()
+    if a.cmd == "load":
+        return asyncio.run(load(a))
+    asyncio.run(serve_faults(a))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
