@@ -107,7 +107,8 @@ pub fn render(
     }
     let _ = writeln!(
         text,
-        "To allow a name, add it to {} (read at the start of every session).",
+        "To allow a name, add it to {} (read at the start of every session), or run \
+         `agent-sandbox allow NAME` (it also applies to running sessions).",
         allowlist.display()
     );
     Some(text)
