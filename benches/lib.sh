@@ -34,3 +34,16 @@ router_reloads() {
 dnsperf_field() {
     awk -v k="$2" 'index($0, k) == 1 {sub(k, ""); print $1; exit}' "$1"
 }
+
+# dns_queries FILE: a dnsperf query file of always-allowed, stable-wildcard, rotating (answered or not by
+# the allowlist generation in force) and never-allowed names, so every query must get an answer whichever
+# policy is in force when it lands.
+dns_queries() {
+    local i
+    for i in $(seq 1 250); do
+        echo "upstream.test A"
+        echo "host$i.stable.test A"
+        echo "gen-$i.test A"
+        echo "x$i.exfil.test A"
+    done >"$1"
+}

@@ -89,16 +89,7 @@ ready 127.0.1.1 || { echo "router not ready:"; cat "$work/router.log"; exit 1; }
 ok_before=$(router_reloads "$admin" success)
 failed_before=$(router_reloads "$admin" failure)
 
-# Always-allowed, stable-wildcard, rotating (answered or not by the generation in force) and never-allowed
-# names: every query must get an answer, whichever policy is in force when it lands.
-{
-    for i in $(seq 1 250); do
-        echo "upstream.test A"
-        echo "host$i.stable.test A"
-        echo "gen-$i.test A"
-        echo "x$i.exfil.test A"
-    done
-} >"$work/queries"
+dns_queries "$work/queries"
 
 # dnsperf's own timeout (-t 5 s) decides "lost"; the limit of -l ends its sending, then it waits for the
 # answers still outstanding.

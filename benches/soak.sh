@@ -134,14 +134,7 @@ idle_fds=$(fds)
 ok_before=$(reloads success)
 failed_before=$(reloads failure)
 
-{
-    for i in $(seq 1 250); do
-        echo "upstream.test A"
-        echo "host$i.stable.test A"
-        echo "gen-$i.test A"
-        echo "x$i.exfil.test A"
-    done
-} >"$work/queries"
+dns_queries "$work/queries"
 dnsperf -s 127.0.7.1 -p 5301 -d "$work/queries" -l "$secs" -Q "$qps" -c 2 -q 100 -t 5 \
     >"$work/dnsperf.out" 2>&1 &
 dns_pid=$!
