@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::allowlist::Entry;
+use crate::inject::{InjectConfig, ValidInject};
 use crate::name::HostName;
 use crate::policy::Policy;
 
@@ -91,6 +92,10 @@ pub struct RouterConfig {
     /// real path, the standalone router the `--allowlist` file. Absent: the refusals name no file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowlist: Option<String>,
+    /// Hosts whose TLS the router terminates to add a credential, and where the secrets are. Absent:
+    /// every SNI is spliced end to end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<InjectConfig>,
 }
 
 /// Listener addresses.
@@ -191,6 +196,8 @@ pub struct ValidConfig {
     pub limits: Limits,
     /// The allowlist as refusals name it (see [`RouterConfig::allowlist`]).
     pub allowlist: Option<String>,
+    /// Credential injection, checked; `None`: nothing is terminated.
+    pub inject: Option<ValidInject>,
 }
 
 /// The parts of the configuration that decide each DNS query and each connection.
@@ -292,6 +299,7 @@ impl RouterConfig {
             idle_timeout_secs: DEFAULT_IDLE_TIMEOUT_SECS,
             wildcard_lookups_per_minute: DEFAULT_WILDCARD_LOOKUPS_PER_MINUTE,
             allowlist: None,
+            inject: None,
         };
         for entry in policy.entries() {
             match entry {
@@ -388,6 +396,11 @@ impl RouterConfig {
         let max_connections = NonZeroUsize::new(self.max_connections);
         let per_client = NonZeroUsize::new(self.per_client());
         let wildcard = NonZeroU32::new(self.wildcard_lookups_per_minute);
+        let policy = Policy::from_entries(entries);
+        let inject = self
+            .inject
+            .as_ref()
+            .and_then(|i| i.validate(&policy, &mut problems));
         let (Some(ttl), Some(max_connections), Some(per_client), Some(wildcard), true) = (
             ttl,
             max_connections,
@@ -399,7 +412,7 @@ impl RouterConfig {
         };
         Ok(ValidConfig {
             rules: Rules {
-                policy: Policy::from_entries(entries),
+                policy,
                 answers: Answers {
                     default: self.answers.default,
                     hosts: host_answers,
@@ -418,6 +431,7 @@ impl RouterConfig {
                 wildcard_lookups_per_minute: wildcard,
             },
             allowlist: self.allowlist.clone(),
+            inject,
         })
     }
 }

@@ -8,6 +8,7 @@
 pub mod allowlist;
 pub mod config;
 pub mod groups;
+pub mod inject;
 pub mod logs;
 pub mod name;
 #[cfg(feature = "net")]
