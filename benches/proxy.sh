@@ -92,11 +92,24 @@ pids+=($!)
 printf 'upstream.test\n' >"$work/allowed-hosts"
 "$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
     --http 127.0.1.1:80 --https 127.0.1.1:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
-    --threads "${ROUTER_THREADS:-1}" \
-    2>"$work/router.log" &
+    --threads 1 2>"$work/router.log" &
 pids+=($!)
 router_pid=$!
+# The same router with its default worker count (one per core), to pick the default by measurement.
+"$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.2 --dns 127.0.1.2:5301 \
+    --http 127.0.1.2:80 --https 127.0.1.2:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
+    2>"$work/router2.log" &
+pids+=($!)
+router2_pid=$!
 
+# nginx at its best honest configuration for this job (written out in BENCHMARKS.md): the design the
+# router replaces (stream ssl_preread on 443, proxy_pass http://$host with a resolver on 80), one worker per
+# core, a reuseport listener per worker, buffered access logs (nginx never fsyncs them; the router logs
+# every connection too), resolver answers cached for dnsmasq's TTL. To the upstream it speaks nginx's
+# default HTTP/1.0 with Connection: close, so the upstream closes first and its TIME_WAIT stays there, as
+# the router's does; keeping HTTP/1.1 without an upstream keepalive pool would leave every closed upstream
+# socket in TIME_WAIT on nginx's side and run it out of ports (2.2k connections/s in an earlier version of
+# this script). Bulk relays through 64 KiB buffers, unbuffered (no temp files).
 cat >"$work/nginx-px.conf" <<EOF
 worker_processes auto;
 worker_rlimit_nofile 20000;
@@ -105,9 +118,8 @@ error_log $work/nginx-px.err warn;
 load_module /usr/lib/nginx/modules/ngx_stream_module.so;
 events { worker_connections 8192; }
 stream {
-    # The router logs one line per connection; nginx logs one per session / request, like a real deployment.
     log_format conn '\$remote_addr [\$time_local] \$ssl_preread_server_name \$upstream_addr \$status \$bytes_sent \$bytes_received \$session_time';
-    access_log $work/nginx-px-stream.log conn;
+    access_log $work/nginx-px-stream.log conn buffer=64k flush=1s;
     # As in the design agent-sandbox replaces: the allowlisted name the client sent is resolved and
     # dialled (dnsmasq answers the names), everything else goes nowhere.
     resolver 127.0.3.2:5353 ipv6=off;
@@ -116,22 +128,22 @@ stream {
         default 127.0.0.1:9;
     }
     server {
-        listen 127.0.2.1:443 backlog=4096;
+        listen 127.0.2.1:443 backlog=4096 reuseport;
         ssl_preread on;
         proxy_pass \$allowed;
     }
 }
 http {
-    access_log $work/nginx-px-http.log;
+    access_log $work/nginx-px-http.log combined buffer=64k flush=1s;
     resolver 127.0.3.2:5353 ipv6=off;
     server {
-        listen 127.0.2.1:80 backlog=4096;
+        listen 127.0.2.1:80 backlog=4096 reuseport;
         server_name upstream.test;
         location / {
             proxy_pass http://\$host;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
             proxy_buffering off;
+            proxy_buffer_size 64k;
+            proxy_buffers 8 64k;
         }
     }
     server { listen 127.0.2.1:80 default_server; return 403; }
@@ -146,12 +158,13 @@ dnsmasq_pid=$!
 
 ready() { curl -sk --max-time 2 --resolve "upstream.test:443:$1" https://upstream.test/small >/dev/null; }
 for _ in $(seq 100); do
-    ready 127.0.1.1 && ready 127.0.2.1 && ready 198.18.0.2 && break
+    ready 127.0.1.1 && ready 127.0.1.2 && ready 127.0.2.1 && ready 198.18.0.2 && break
     sleep 0.1
 done
 ready 127.0.1.1 || { echo "router not ready:"; cat "$work/router.log"; exit 1; } >&2
+ready 127.0.1.2 || { echo "router (default threads) not ready:"; cat "$work/router2.log"; exit 1; } >&2
 
-declare -A target=([router]=127.0.1.1 [nginx]=127.0.2.1 [direct]=198.18.0.2)
+declare -A target=([router]=127.0.1.1 [router_mt]=127.0.1.2 [nginx]=127.0.2.1 [direct]=198.18.0.2)
 
 # wrk resolves names with getaddrinfo and has no --resolve: give it a private /etc/hosts.
 wrk_at() { # ip url [wrk args...]
@@ -187,25 +200,27 @@ cpu_per_conn() { # ticks_before ticks_after rate
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }'
 }
 
-# Each measure runs ROUNDS times (default 3), the contenders in a rotating order, and the median is
-# reported: one contender never always goes first (cold caches) or last (a warm machine), and a noisy
-# second on the shared cores moves one sample, not the result.
-rounds=${ROUNDS:-3}
-order=(router nginx direct)
+# Each measure runs ROUNDS times (default 5), the contenders in a rotating order, and the median with its
+# spread (lowest and highest sample) is reported: one contender never always goes first (cold caches) or
+# last (a warm machine), a noisy second on the shared cores moves one sample, not the result, and a
+# difference smaller than the spread is visibly noise.
+rounds=${ROUNDS:-5}
+order=(router router_mt nginx direct)
 median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A samples
 add() { samples[$1]+="$2 "; }
 proxy_pids_of() { # who -> the proxy's pids (none for direct)
     case $1 in
         router) echo "$router_pid" ;;
+        router_mt) echo "$router2_pid" ;;
         nginx) nginx_pids | sort -u ;;
     esac
 }
 # The bulk file is read once first so no contender pays for the upstream's cold page cache.
 curl -s -o /dev/null --resolve "upstream.test:80:198.18.0.2" http://upstream.test/bulk
 for round in $(seq "$rounds"); do
-    for k in 0 1 2; do
-        who=${order[$(((round - 1 + k) % 3))]}
+    for k in 0 1 2 3; do
+        who=${order[$(((round - 1 + k) % 4))]}
         ip=${target[$who]}
         add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
         mapfile -t proxy_pids < <(proxy_pids_of "$who")
@@ -226,14 +241,21 @@ for round in $(seq "$rounds"); do
         add "$who,http_new" "$rate"
         [ "$who" = direct ] || add "$who,http_new_cpu" "$(cpu_per_conn "$cpu_before" "$cpu_after" "$rate")"
         [ -z "$perf_pid" ] || wait "$perf_pid" || true
+        cpu_before=$(cpu_ticks "${proxy_pids[@]}")
         bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
+        cpu_after=$(cpu_ticks "${proxy_pids[@]}")
         add "$who,bulk" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
+        # The proxy's CPU per GiB relayed, in milliseconds (the file is exactly 1 GiB).
+        [ "$who" = direct ] || add "$who,bulk_cpu" \
+            "$(awk -v t="$((cpu_after - cpu_before))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
     done
 done
-declare -A result
+declare -A result spread
 for key in "${!samples[@]}"; do
     # shellcheck disable=SC2086 # one sample per word
     result[$key]=$(printf '%s\n' ${samples[$key]} | median)
+    # shellcheck disable=SC2086
+    spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
 done
 
 # RSS idle (after the load, sockets closed) and with 1,000 open TLS connections.
@@ -278,33 +300,30 @@ busy_router=$(measure_hold 127.0.1.1 "$router_pid")
 busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 {
-    echo "| measure | router | nginx | direct | router/nginx | router/direct |"
-    echo "|---|---:|---:|---:|---:|---:|"
-    for m in https_keepalive https_new http_new bulk; do
+    echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | router/nginx | router default/nginx | router/direct |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    for m in https_keepalive https_new http_new bulk https_new_cpu http_new_cpu bulk_cpu; do
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
             https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
             http_new) label="new HTTP connections/s (wrk -c32, Connection: close)" ;;
             bulk) label="bulk 1 GiB over HTTP, MiB/s (curl)" ;;
-        esac
-        r=${result[router,$m]} n=${result[nginx,$m]} d=${result[direct,$m]}
-        echo "| $label | $r | $n | $d | $(ratio "$r" "$n") | $(ratio "$r" "$d") |"
-    done
-    for m in https_new_cpu http_new_cpu; do
-        case $m in
             https_new_cpu) label="proxy CPU per new HTTPS connection, µs (lower is better)" ;;
             http_new_cpu) label="proxy CPU per new HTTP connection, µs (lower is better)" ;;
+            bulk_cpu) label="proxy CPU per GiB relayed, ms (lower is better)" ;;
         esac
-        r=${result[router,$m]:--} n=${result[nginx,$m]:--}
-        echo "| $label | $r | $n | - | $(ratio "$r" "$n") | - |"
+        r=${result[router,$m]:--} t=${result[router_mt,$m]:--} n=${result[nginx,$m]:--} d=${result[direct,$m]:--}
+        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "direct,$m") | $(ratio "$r" "$n") | $(ratio "$t" "$n") | $(ratio "$r" "$d") |"
     done
     echo
-    echo "Medians of $rounds rounds of ${secs} s, the contenders in rotating order. Samples (router / nginx / direct):"
+    echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
+    echo "order. Samples (router / router default threads / nginx / direct):"
     echo
-    for m in https_keepalive https_new http_new bulk https_new_cpu http_new_cpu; do
-        r=${samples[router,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
-        echo "- $m: ${r% } / ${n% } / ${d% }"
+    for m in https_keepalive https_new http_new bulk https_new_cpu http_new_cpu bulk_cpu; do
+        r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
+        echo "- $m: ${r% } / ${t% } / ${n% } / ${d% }"
     done
     echo
     echo "| RSS (KiB) | router | nginx + dnsmasq | router / (nginx + dnsmasq) |"

@@ -97,10 +97,10 @@ impl Acceptor {
         loop {
             let mut ready = self.listener.readable().await.ok()?;
             let permit = Arc::clone(&self.permits).acquire_owned().await.ok()?;
-            let error = match ready.try_io(|l| l.get_ref().accept()) {
+            let error = match ready.try_io(|l| accept_nonblocking(l.get_ref())) {
                 // Another accept took it (or a spurious wake-up): wait again, permit given back.
                 Err(_would_block) => continue,
-                Ok(Ok((stream, peer))) => match register(stream) {
+                Ok(Ok((stream, peer))) => match TcpStream::from_std(stream) {
                     Ok(stream) => {
                         self.backoff = FIRST_ACCEPT_BACKOFF;
                         return Some(Accepted {
@@ -131,10 +131,16 @@ impl Acceptor {
     }
 }
 
-/// An accepted std stream made non-blocking and registered with the current runtime.
-fn register(stream: std::net::TcpStream) -> io::Result<TcpStream> {
-    stream.set_nonblocking(true)?;
-    TcpStream::from_std(stream)
+/// `accept4(2)` with `SOCK_NONBLOCK | SOCK_CLOEXEC`: the stream comes out ready for the runtime, where
+/// std's `accept` followed by `set_nonblocking` costs a second system call per connection.
+fn accept_nonblocking(
+    listener: &std::net::TcpListener,
+) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    let (socket, peer) = socket2::SockRef::from(listener).accept4(libc::SOCK_NONBLOCK)?;
+    let peer = peer
+        .as_socket()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer"))?;
+    Ok((socket.into(), peer))
 }
 
 /// Accept errors that concern only the connection being accepted, not the listener or the process.

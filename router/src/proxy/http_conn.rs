@@ -256,6 +256,9 @@ impl HttpRelay<'_> {
         tokio::pin!(requests, responses);
         let peek_timeout = self.conn.peek_timeout;
         let mut halves = Halves::Both;
+        // Whether the client's write side is already shut (the upstream finished first): shutting it
+        // again costs a failing system call per connection.
+        let mut client_shut = false;
         let refused = loop {
             halves = match halves {
                 Halves::Both => tokio::select! {
@@ -268,6 +271,7 @@ impl HttpRelay<'_> {
                             return;
                         }
                         shutdown_write(client);
+                        client_shut = true;
                         Halves::RequestsOnly
                     }
                 },
@@ -301,7 +305,8 @@ impl HttpRelay<'_> {
         };
         match refused {
             Some(response) => send_and_close(client, &response).await,
-            None => shutdown_write(client),
+            None if !client_shut => shutdown_write(client),
+            None => {}
         }
     }
 
