@@ -105,11 +105,10 @@ pub fn default_store_dir() -> Option<PathBuf> {
 /// unreadable, a symlink, not a regular file, too large or not JSON.
 pub fn prepare(store_dir: &Path, home_volume: &Path) -> Result<Prepared, PrepareError> {
     let (_lock, mut store) = oauth_store::init(store_dir)?;
-    let home = open_dir(None, home_volume, home_volume)?
-        .ok_or_else(|| PrepareError::Read {
-            path: home_volume.to_owned(),
-            source: io::ErrorKind::NotFound.into(),
-        })?;
+    let home = open_dir(None, home_volume, home_volume)?.ok_or_else(|| PrepareError::Read {
+        path: home_volume.to_owned(),
+        source: io::ErrorKind::NotFound.into(),
+    })?;
     let claude_path = home_volume.join(CREDENTIALS_DIR);
     let credentials_path = claude_path.join(CREDENTIALS_FILE);
     let claude = open_dir(Some(&home), Path::new(CREDENTIALS_DIR), &claude_path)?;
@@ -117,33 +116,38 @@ pub fn prepare(store_dir: &Path, home_volume: &Path) -> Result<Prepared, Prepare
         Some(dir) => read_credentials(dir, &credentials_path)?,
         None => None,
     };
-    let Some((mut json, meta)) = existing else {
-        if !store.has_tokens() {
+    let (claude, mut json, meta) = match (claude, existing) {
+        (Some(claude), Some((json, meta))) => (claude, json, meta),
+        (claude, _) => {
+            // No credentials file: after a sign-in kept in the store (a new home volume, or Claude Code
+            // removed the file), give the sandbox the placeholders so it knows it is signed in.
+            if !store.has_tokens() {
+                return Ok(Prepared {
+                    moved_tokens: false,
+                    wrote_credentials: false,
+                });
+            }
+            let claude = match claude {
+                Some(dir) => dir,
+                None => make_dir(&home, &claude_path)?,
+            };
+            let owner = claude.metadata().map_err(|source| PrepareError::Read {
+                path: claude_path.clone(),
+                source,
+            })?;
+            let mut fields = Map::new();
+            fields.insert(OAUTH_KEY.into(), placeholder_section(&store));
+            write_at(
+                &claude,
+                &credentials_path,
+                &Value::Object(fields),
+                (owner.uid(), owner.gid(), 0o600),
+            )?;
             return Ok(Prepared {
                 moved_tokens: false,
-                wrote_credentials: false,
+                wrote_credentials: true,
             });
         }
-        let claude = match claude {
-            Some(dir) => dir,
-            None => make_dir(&home, &claude_path)?,
-        };
-        let owner = claude.metadata().map_err(|source| PrepareError::Read {
-            path: claude_path.clone(),
-            source,
-        })?;
-        let mut fields = Map::new();
-        fields.insert(OAUTH_KEY.into(), placeholder_section(&store));
-        write_at(
-            &claude,
-            &credentials_path,
-            &Value::Object(fields),
-            (owner.uid(), owner.gid(), 0o600),
-        )?;
-        return Ok(Prepared {
-            moved_tokens: false,
-            wrote_credentials: true,
-        });
     };
     let Some(Value::Object(section)) = json.get_mut(OAUTH_KEY) else {
         // Signed out (or another client's file): nothing of ours to move or to add.
@@ -160,7 +164,6 @@ pub fn prepare(store_dir: &Path, home_volume: &Path) -> Result<Prepared, Prepare
     }
     // The store first: should the credentials write fail, the tokens are in both places, never lost.
     store.write(store_dir)?;
-    let claude = claude.expect("a credentials file was read from this directory");
     write_at(
         &claude,
         &credentials_path,
@@ -177,9 +180,11 @@ pub fn prepare(store_dir: &Path, home_volume: &Path) -> Result<Prepared, Prepare
 /// in the section; whether there was anything to move. A value equal to a placeholder, empty, or not a
 /// string is not a token.
 fn take_tokens(section: &mut Map<String, Value>, store: &mut OAuthStore) -> bool {
-    let mut real = |key: &str| match section.get(key) {
+    let real = |key: &str| match section.get(key) {
         Some(Value::String(t))
-            if !t.is_empty() && *t != store.access_placeholder && *t != store.refresh_placeholder =>
+            if !t.is_empty()
+                && *t != store.access_placeholder
+                && *t != store.refresh_placeholder =>
         {
             Some(t.clone())
         }
@@ -237,7 +242,11 @@ fn c_path(path: &Path, shown: &Path) -> Result<CString, PrepareError> {
 
 /// Opens directory `name` (relative to `parent`, or absolute when `parent` is `None`) without
 /// following a symlink in its last component; `None` when it does not exist.
-fn open_dir(parent: Option<&File>, name: &Path, shown: &Path) -> Result<Option<File>, PrepareError> {
+fn open_dir(
+    parent: Option<&File>,
+    name: &Path,
+    shown: &Path,
+) -> Result<Option<File>, PrepareError> {
     let c = c_path(name, shown)?;
     // The mount point itself comes from podman and may sit under a symlinked directory; only the
     // components the sandbox can write are opened with O_NOFOLLOW.
@@ -260,9 +269,10 @@ fn open_dir(parent: Option<&File>, name: &Path, shown: &Path) -> Result<Option<F
             Some(libc::ENOENT) => Ok(None),
             Some(libc::ELOOP | libc::ENOTDIR) => Err(PrepareError::Invalid {
                 path: shown.to_owned(),
-                problem: "is a symlink or not a directory; the launcher does not follow links on the \
+                problem:
+                    "is a symlink or not a directory; the launcher does not follow links on the \
                           home volume"
-                    .into(),
+                        .into(),
             }),
             _ => Err(PrepareError::Read {
                 path: shown.to_owned(),
@@ -382,9 +392,12 @@ fn write_at(
         source,
     };
     let text = serde_json::to_vec_pretty(json).map_err(|e| write_err(io::Error::other(e)))?;
-    let suffix = oauth_store::placeholder("").map_err(StoreError::from)?;
-    let tmp = CString::new(format!("{CREDENTIALS_FILE}.agent-sandbox-{}", &suffix[..12]))
-        .expect("no NUL in a base64url name");
+    let suffix = oauth_store::placeholder("")?;
+    let tmp = CString::new(format!(
+        "{CREDENTIALS_FILE}.agent-sandbox-{}",
+        &suffix[..12]
+    ))
+    .expect("no NUL in a base64url name");
     let target = CString::new(CREDENTIALS_FILE).expect("no NUL in a constant");
     // SAFETY: `tmp` outlives the call; the descriptor is owned by the File made from it below.
     let fd = unsafe {
@@ -433,7 +446,7 @@ fn write_at(
 #[cfg(test)]
 mod tests {
     use std::fs;
-    use std::os::unix::fs::{PermissionsExt as _, symlink};
+    use std::os::unix::fs::{symlink, PermissionsExt as _};
 
     use super::*;
 
@@ -519,7 +532,10 @@ mod tests {
         assert!(p.moved_tokens && p.wrote_credentials, "{p:?}");
         let s = d.store();
         assert_eq!(s.access_token.as_deref(), Some("sk-ant-oat01-REAL-ACCESS"));
-        assert_eq!(s.refresh_token.as_deref(), Some("sk-ant-ort01-REAL-REFRESH"));
+        assert_eq!(
+            s.refresh_token.as_deref(),
+            Some("sk-ant-ort01-REAL-REFRESH")
+        );
         assert_eq!(s.expires_at, Some(1_900_000_000_000));
         assert_eq!(s.scopes, ["user:inference", "user:profile"]);
         assert_eq!(s.subscription_type.as_deref(), Some("max"));
@@ -599,7 +615,10 @@ mod tests {
         fs::create_dir_all(d.home.join(CREDENTIALS_DIR)).unwrap();
         symlink(&outside, d.credentials()).unwrap();
         let e = prepare(&d.store, &d.home).unwrap_err().to_string();
-        assert!(e.contains(".credentials.json") && e.contains("symlink"), "{e}");
+        assert!(
+            e.contains(".credentials.json") && e.contains("symlink"),
+            "{e}"
+        );
         assert_eq!(
             fs::read(&outside).unwrap(),
             serde_json::to_vec(&signed_in()).unwrap(),
@@ -615,7 +634,11 @@ mod tests {
         assert!(e.contains("not a regular file"), "{e}");
 
         fs::remove_file(d.credentials()).unwrap();
-        fs::write(d.credentials(), br#"{"claudeAiOauth":{"accessToken":"sk-ant-oat01-SECRET"#).unwrap();
+        fs::write(
+            d.credentials(),
+            br#"{"claudeAiOauth":{"accessToken":"sk-ant-oat01-SECRET"#,
+        )
+        .unwrap();
         let e = prepare(&d.store, &d.home).unwrap_err().to_string();
         assert!(e.contains("line 1") && !e.contains("SECRET"), "{e}");
 

@@ -277,7 +277,11 @@ impl OAuthStore {
                 store.version
             )));
         }
-        check_placeholder("access_placeholder", &store.access_placeholder, ACCESS_PREFIX)?;
+        check_placeholder(
+            "access_placeholder",
+            &store.access_placeholder,
+            ACCESS_PREFIX,
+        )?;
         check_placeholder(
             "refresh_placeholder",
             &store.refresh_placeholder,
@@ -671,7 +675,10 @@ mod tests {
         assert_eq!(read, store);
         assert_ne!(before.ino, after.ino, "a new inode: replaced by rename");
         assert_eq!(after, stamp(&tmp.0).unwrap());
-        assert_eq!(fs::metadata(store_path(&tmp.0)).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(store_path(&tmp.0)).unwrap().mode() & 0o777,
+            0o600
+        );
         let mut names: Vec<_> = fs::read_dir(&tmp.0)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

@@ -113,7 +113,9 @@ pub(crate) enum OAuthError {
     },
     /// A token response that would hand the sandbox a real token (in a field not masked, or an error
     /// response quoting one).
-    #[error("token endpoint response (status {status}) carries a real token outside the masked fields")]
+    #[error(
+        "token endpoint response (status {status}) carries a real token outside the masked fields"
+    )]
     SecretInResponse {
         /// The upstream's status.
         status: u16,
@@ -341,7 +343,8 @@ impl TokenExchange {
         ] {
             if let Some(Value::String(token)) = fields.get(field) {
                 // An upstream echoing the placeholder (or an empty value) issued nothing to record.
-                if token.is_empty() || token == &store.access_placeholder
+                if token.is_empty()
+                    || token == &store.access_placeholder
                     || token == &store.refresh_placeholder
                 {
                     continue;
@@ -370,9 +373,8 @@ impl TokenExchange {
         if let Some(Value::String(scope)) = fields.get("scope") {
             store.scopes = scope.split_whitespace().map(str::to_owned).collect();
         }
-        let out = serde_json::to_vec(&Value::Object(fields)).map_err(|_| OAuthError::NotJson {
-            status,
-        })?;
+        let out = serde_json::to_vec(&Value::Object(fields))
+            .map_err(|_| OAuthError::NotJson { status })?;
         if carries_any(&out, &known) {
             return Err(OAuthError::SecretInResponse { status });
         }
@@ -611,8 +613,14 @@ mod tests {
             })
         );
         let after = tmp.store();
-        assert_eq!(after.access_token.as_deref(), Some("sk-ant-oat01-NEW-access-0002"));
-        assert_eq!(after.refresh_token.as_deref(), Some("sk-ant-ort01-NEW-refresh-0002"));
+        assert_eq!(
+            after.access_token.as_deref(),
+            Some("sk-ant-oat01-NEW-access-0002")
+        );
+        assert_eq!(
+            after.refresh_token.as_deref(),
+            Some("sk-ant-ort01-NEW-refresh-0002")
+        );
         assert_eq!(after.scopes, ["user:inference", "user:profile"]);
         let expires = after.expires_at.unwrap();
         assert!(expires >= before + 28_800_000 && expires < before + 28_900_000);
@@ -622,7 +630,11 @@ mod tests {
             .unwrap();
         assert_eq!(token.expose(), b"sk-ant-oat01-NEW-access-0002");
         // The replaced tokens are still scanned for.
-        let secrets: Vec<Vec<u8>> = oauth.secrets().iter().map(|s| s.expose().to_vec()).collect();
+        let secrets: Vec<Vec<u8>> = oauth
+            .secrets()
+            .iter()
+            .map(|s| s.expose().to_vec())
+            .collect();
         for t in [REAL_ACCESS, REAL_REFRESH, "sk-ant-oat01-NEW-access-0002"] {
             assert!(secrets.contains(&t.as_bytes().to_vec()), "{t} missing");
         }
@@ -697,7 +709,10 @@ mod tests {
         }
         // An authorization code exchange's response is recorded and masked like a refresh's.
         let (_, exchange) = oauth
-            .begin_token_request(Some("application/json"), br#"{"grant_type":"authorization_code"}"#)
+            .begin_token_request(
+                Some("application/json"),
+                br#"{"grant_type":"authorization_code"}"#,
+            )
             .await
             .unwrap();
         let out = exchange
@@ -707,7 +722,10 @@ mod tests {
             )
             .unwrap();
         assert!(!String::from_utf8_lossy(&out).contains("LOGIN"));
-        assert_eq!(tmp.store().refresh_token.as_deref(), Some("sk-ant-ort01-LOGIN"));
+        assert_eq!(
+            tmp.store().refresh_token.as_deref(),
+            Some("sk-ant-ort01-LOGIN")
+        );
         assert!(oauth.access_token_for(b"sk-ant-oat01-LOGIN").is_none());
         assert!(oauth.access_token_for(b"").is_none());
     }
@@ -729,7 +747,10 @@ mod tests {
         ));
         // A 2xx that is not JSON, or too large.
         let (_, x) = begin().await.unwrap();
-        assert!(matches!(x.finish(200, b"<html>"), Err(OAuthError::NotJson { .. })));
+        assert!(matches!(
+            x.finish(200, b"<html>"),
+            Err(OAuthError::NotJson { .. })
+        ));
         let (_, x) = begin().await.unwrap();
         assert!(matches!(
             x.finish(200, &vec![b' '; MAX_BODY + 1]),
@@ -801,14 +822,21 @@ mod tests {
         let a = OAuth::open(&tmp.config()).unwrap();
         let b = Arc::new(OAuth::open(&tmp.config()).unwrap());
         let s = tmp.store();
-        let request = format!("grant_type=refresh_token&refresh_token={}", s.refresh_placeholder);
+        let request = format!(
+            "grant_type=refresh_token&refresh_token={}",
+            s.refresh_placeholder
+        );
         let (_, first) = a
             .begin_token_request(None, request.as_bytes())
             .await
             .unwrap();
         let mut second = tokio::spawn({
             let (b, request) = (Arc::clone(&b), request.clone());
-            async move { b.begin_token_request(None, request.as_bytes()).await.map(|(sent, _)| sent) }
+            async move {
+                b.begin_token_request(None, request.as_bytes())
+                    .await
+                    .map(|(sent, _)| sent)
+            }
         });
         // Waiting for something that must not happen: a short bounded wait is the only way to see it.
         assert!(
@@ -837,7 +865,10 @@ mod tests {
         let oauth = OAuth::open(&tmp.config()).unwrap();
         let path = oauth_store::store_path(&tmp.0);
         let ino = std::fs::metadata(&path).unwrap().ino();
-        let (_, x) = oauth.begin_token_request(None, b"grant_type=x").await.unwrap();
+        let (_, x) = oauth
+            .begin_token_request(None, b"grant_type=x")
+            .await
+            .unwrap();
         x.finish(200, br#"{"access_token":"sk-ant-oat01-ATOMIC"}"#)
             .unwrap();
         let meta = std::fs::metadata(&path).unwrap();
@@ -857,9 +888,14 @@ mod tests {
         let oauth = OAuth::open(&tmp.config()).unwrap();
         let mut s = tmp.store();
         let ph = s.access_placeholder.clone();
-        assert_eq!(oauth.access_token_for(ph.as_bytes()).unwrap().expose(), REAL_ACCESS.as_bytes());
+        assert_eq!(
+            oauth.access_token_for(ph.as_bytes()).unwrap().expose(),
+            REAL_ACCESS.as_bytes()
+        );
         assert!(oauth.access_token_for(REAL_ACCESS.as_bytes()).is_none());
-        assert!(oauth.access_token_for(s.refresh_placeholder.as_bytes()).is_none());
+        assert!(oauth
+            .access_token_for(s.refresh_placeholder.as_bytes())
+            .is_none());
         s.access_token = Some("sk-ant-oat01-FROM-ANOTHER-SESSION".into());
         s.write(&tmp.0).unwrap();
         assert_eq!(
@@ -874,7 +910,11 @@ mod tests {
     fn secrets_lists_both_tokens_and_nothing_before_sign_in() {
         let tmp = TempStore::new("secrets");
         let oauth = OAuth::open(&tmp.config()).unwrap();
-        let mut got: Vec<Vec<u8>> = oauth.secrets().iter().map(|s| s.expose().to_vec()).collect();
+        let mut got: Vec<Vec<u8>> = oauth
+            .secrets()
+            .iter()
+            .map(|s| s.expose().to_vec())
+            .collect();
         got.sort();
         assert_eq!(got, [REAL_ACCESS.as_bytes(), REAL_REFRESH.as_bytes()]);
         let empty = OAuthStore {
@@ -885,7 +925,9 @@ mod tests {
         empty.write(&tmp.0).unwrap();
         let fresh = OAuth::open(&tmp.config()).unwrap();
         assert!(fresh.secrets().is_empty());
-        assert!(fresh.access_token_for(empty.access_placeholder.as_bytes()).is_none());
+        assert!(fresh
+            .access_token_for(empty.access_placeholder.as_bytes())
+            .is_none());
     }
 
     #[test]
@@ -894,7 +936,10 @@ mod tests {
         let mut config = tmp.config();
         config.store_dir = tmp.0.join("absent");
         let e = OAuth::open(&config).unwrap_err().to_string();
-        assert!(e.contains(&Path::new("absent").join("oauth.json").display().to_string()), "{e}");
+        assert!(
+            e.contains(&Path::new("absent").join("oauth.json").display().to_string()),
+            "{e}"
+        );
         std::fs::remove_file(oauth_store::lock_path(&tmp.0)).unwrap();
         let e = OAuth::open(&tmp.config()).unwrap_err().to_string();
         assert!(e.contains("oauth.lock"), "{e}");
@@ -909,7 +954,10 @@ mod tests {
 
     #[test]
     fn content_types_are_recognised() {
-        assert_eq!(body_kind(Some("Application/JSON; charset=utf-8"), b""), BodyKind::Json);
+        assert_eq!(
+            body_kind(Some("Application/JSON; charset=utf-8"), b""),
+            BodyKind::Json
+        );
         assert_eq!(
             body_kind(Some("application/x-www-form-urlencoded"), b"{"),
             BodyKind::Form
