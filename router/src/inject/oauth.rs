@@ -327,7 +327,9 @@ impl TokenExchange {
                 .cloned(),
         );
         if !(200..300).contains(&status) {
-            if carries_any(body, &known) {
+            // An error response is not recorded, so it must not carry a token of any kind: neither a
+            // known one nor a new one in a token field.
+            if carries_any(body, &known) || issues_tokens(body, &self.store) {
                 return Err(OAuthError::SecretInResponse { status });
             }
             return Ok(body.to_vec());
@@ -390,6 +392,17 @@ impl TokenExchange {
         }
         Ok(out)
     }
+}
+
+/// Whether `body` is a JSON object with a token field that is not a placeholder.
+fn issues_tokens(body: &[u8], store: &OAuthStore) -> bool {
+    let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    ["access_token", "refresh_token"].iter().any(|f| {
+        matches!(fields.get(*f), Some(Value::String(t))
+            if !t.is_empty() && *t != store.access_placeholder && *t != store.refresh_placeholder)
+    })
 }
 
 /// When an access token issued now with `expires_in` seconds expires, in ms since the epoch.
@@ -744,6 +757,15 @@ mod tests {
         assert!(matches!(
             x.finish(400, quoted.as_bytes()),
             Err(OAuthError::SecretInResponse { status: 400 })
+        ));
+        // An error response handing out a token is not passed on either: it would not be recorded.
+        let (_, x) = begin().await.unwrap();
+        assert!(matches!(
+            x.finish(
+                401,
+                br#"{"error":"odd","access_token":"sk-ant-oat01-UNRECORDED"}"#
+            ),
+            Err(OAuthError::SecretInResponse { status: 401 })
         ));
         // A 2xx that is not JSON, or too large.
         let (_, x) = begin().await.unwrap();
