@@ -81,6 +81,16 @@ pub enum PrepareError {
     },
 }
 
+impl PrepareError {
+    /// Whether the store is ready and only the home volume's credentials file was in the way (a file
+    /// the sandbox can write, so possibly its doing): the session may go on with injection after
+    /// telling the user, since the sandbox holds no token that this step would have moved.
+    #[must_use]
+    pub fn store_is_ready(&self) -> bool {
+        !matches!(self, PrepareError::Store(_))
+    }
+}
+
 /// The store directory: `$XDG_STATE_HOME/agent-sandbox/oauth`, by default
 /// `~/.local/state/agent-sandbox/oauth`. `None` when neither variable gives an absolute path.
 #[must_use]
@@ -646,6 +656,55 @@ mod tests {
         symlink(&d.root, d.home.join(CREDENTIALS_DIR)).unwrap();
         let e = prepare(&d.store, &d.home).unwrap_err().to_string();
         assert!(e.contains(".claude") && e.contains("symlink"), "{e}");
+    }
+
+    #[test]
+    fn prepare_waits_for_a_token_exchange_holding_the_lock() {
+        let d = Dirs::new("locked");
+        drop(oauth_store::init(&d.store).unwrap());
+        d.write_credentials(&signed_in(), 0o600);
+        let held = oauth_store::StoreLock::acquire(&d.store).unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn({
+            let (store, home) = (d.store.clone(), d.home.clone());
+            move || {
+                let r = prepare(&store, &home);
+                let _ = done_tx.send(());
+                r
+            }
+        });
+        // Waiting for something that must not happen: a bounded wait is the only way to see it.
+        assert!(
+            done_rx
+                .recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "prepare did not wait for the lock"
+        );
+        assert!(!d.store().has_tokens());
+        drop(held);
+        assert!(worker.join().unwrap().unwrap().moved_tokens);
+        assert!(d.store().has_tokens());
+    }
+
+    #[test]
+    fn only_a_real_refresh_token_is_moved_alone() {
+        let d = Dirs::new("refresh-only");
+        let (lock, store) = oauth_store::init(&d.store).unwrap();
+        drop(lock);
+        let mut creds = signed_in();
+        creds["claudeAiOauth"]["accessToken"] = store.access_placeholder.clone().into();
+        d.write_credentials(&creds, 0o600);
+        assert!(prepare(&d.store, &d.home).unwrap().moved_tokens);
+        let s = d.store();
+        assert_eq!(s.access_token, None);
+        assert_eq!(
+            s.refresh_token.as_deref(),
+            Some("sk-ant-ort01-REAL-REFRESH")
+        );
+        assert_eq!(
+            d.read_credentials()["claudeAiOauth"]["refreshToken"],
+            s.refresh_placeholder
+        );
     }
 
     #[test]

@@ -567,7 +567,8 @@ pub fn init(dir: &Path) -> Result<(StoreLock, OAuthStore), StoreError> {
             })
         }
     }
-    let meta = fs::symlink_metadata(dir).map_err(|source| StoreError::Read {
+    // Followed: the state directory is the user's own, and may be a link they made on purpose.
+    let meta = fs::metadata(dir).map_err(|source| StoreError::Read {
         path: dir.to_owned(),
         source,
     })?;

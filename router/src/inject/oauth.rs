@@ -78,6 +78,12 @@ impl From<&str> for Secret {
     }
 }
 
+impl From<Vec<u8>> for Secret {
+    fn from(bytes: Vec<u8>) -> Secret {
+        Secret(Arc::from(bytes))
+    }
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("<redacted>")
