@@ -269,7 +269,11 @@ impl OAuthStore {
         let store: OAuthStore = serde_json::from_slice(text).map_err(|e| ParseProblem::Syntax {
             line: e.line(),
             column: e.column(),
-            message: redact_quoted(&e.to_string()),
+            message: {
+                // The position is reported apart; the message keeps only what is wrong.
+                let full = e.to_string();
+                redact_quoted(full.rsplit_once(" at line ").map_or(&*full, |(m, _)| m))
+            },
         })?;
         if store.version != STORE_VERSION {
             return Err(ParseProblem::Invalid(format!(
@@ -701,6 +705,7 @@ mod tests {
         assert!(e.contains(&path.display().to_string()), "{e}");
         assert!(e.contains("line 1"), "{e}");
         assert!(!e.contains("SECRET"), "{e}");
+        assert_eq!(e.matches("line").count(), 1, "{e}");
 
         fs::write(&path, br#"{"version":1,"surprise":true}"#).unwrap();
         let e = OAuthStore::read(&tmp.0).unwrap_err().to_string();
