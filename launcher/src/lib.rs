@@ -5,14 +5,16 @@
 //! allowlist, home volume), [`workdir`] (directories the sandbox may not be given), [`podman`] (every
 //! podman command line), [`session`] (the topology and its lifecycle), [`liveness`] (stale sessions),
 //! [`report`] (what the router refused), [`signals`], [`images`] (`--build-images`), [`live`]
-//! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist) and
-//! [`doctor`] (`agent-sandbox doctor`).
+//! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist),
+//! [`oauth`] (the OAuth token store and the home volume's placeholders) and [`doctor`]
+//! (`agent-sandbox doctor`).
 
 pub mod cli;
 pub mod doctor;
 pub mod images;
 pub mod live;
 pub mod liveness;
+pub mod oauth;
 pub mod podman;
 pub mod report;
 pub mod session;

@@ -3,7 +3,8 @@
 //! forwarder listen on), and the router's configuration file.
 //!
 //! This crate does no I/O beyond reading the file it is given, so every decision can be tested as a table.
-//! The one exception is behind the cargo feature `net`: the accept step both servers share (`net`).
+//! The exceptions are behind cargo features: `net`, the accept step both servers share (`net`), and
+//! `oauth-store`, the host-side OAuth token store (`oauth_store`).
 
 pub mod allowlist;
 pub mod config;
@@ -13,6 +14,8 @@ pub mod logs;
 pub mod name;
 #[cfg(feature = "net")]
 pub mod net;
+#[cfg(feature = "oauth-store")]
+pub mod oauth_store;
 pub mod plan;
 pub mod policy;
 
