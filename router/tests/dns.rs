@@ -278,6 +278,72 @@ fn a_burst_of_queries_is_all_answered() {
     assert!(seen.iter().all(|s| *s));
 }
 
+/// Queries from many senders that arrive together (one batched receive) are each answered to their own
+/// sender, over IPv6 too.
+#[test]
+fn queries_from_many_senders_each_get_their_own_answers() {
+    let dir = temp_dir("dns-v6");
+    let allowlist = write_file(&dir, "allowed-hosts", ALLOWLIST);
+    let router = Router::start(
+        &[
+            "--allowlist",
+            allowlist.to_str().unwrap(),
+            "--answer",
+            "10.9.8.7",
+            "--dns",
+            "[::1]:0",
+            "--http",
+            "127.0.0.1:0",
+            "--https",
+            "127.0.0.1:0",
+            "--forward",
+            "db.internal.corp:5432=127.0.0.1:0",
+        ],
+        5,
+    );
+    let dns = router.addr("dns/udp");
+    let senders: Vec<UdpSocket> = (0..8)
+        .map(|_| {
+            let s = UdpSocket::bind("[::1]:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s
+        })
+        .collect();
+    // Eight queries from each sender, all sent before any answer is read.
+    for round in 0..8u16 {
+        for (i, s) in senders.iter().enumerate() {
+            let id = (i as u16) << 8 | round;
+            let name = if round % 2 == 0 {
+                "api.anthropic.com."
+            } else {
+                "nope.invalid."
+            };
+            s.send_to(&common::query_bytes(name, RecordType::A, id), dns)
+                .unwrap();
+        }
+    }
+    let mut buf = [0u8; 1024];
+    for (i, s) in senders.iter().enumerate() {
+        let mut rounds = Vec::new();
+        for _ in 0..8 {
+            let (n, from) = s.recv_from(&mut buf).expect("every query is answered");
+            assert_eq!(from, dns);
+            let answer = common::decode(&buf[..n]);
+            assert_eq!(answer.id >> 8, i as u16, "an answer reached another sender");
+            let round = answer.id & 0xff;
+            let expect = if round % 2 == 0 {
+                ResponseCode::NoError
+            } else {
+                ResponseCode::NXDomain
+            };
+            assert_eq!(answer.code, expect);
+            rounds.push(round);
+        }
+        rounds.sort_unstable();
+        assert_eq!(rounds, (0..8).collect::<Vec<_>>());
+    }
+}
+
 #[test]
 fn sandbox_mode_answers_per_host_loopbacks() {
     let list = Allowlist::parse(
