@@ -109,7 +109,7 @@ router2_pid=$!
 # default HTTP/1.0 with Connection: close, so the upstream closes first and its TIME_WAIT stays there, as
 # the router's does; keeping HTTP/1.1 without an upstream keepalive pool would leave every closed upstream
 # socket in TIME_WAIT on nginx's side and run it out of ports (2.2k connections/s in an earlier version of
-# this script). Bulk relays through 64 KiB buffers, unbuffered (no temp files).
+# this script). Bulk relays through 64 KiB buffers held in memory (no temp files).
 cat >"$work/nginx-px.conf" <<EOF
 worker_processes auto;
 worker_rlimit_nofile 20000;
@@ -141,9 +141,14 @@ http {
         server_name upstream.test;
         location / {
             proxy_pass http://\$host;
-            proxy_buffering off;
+            # The fastest and cheapest of the buffer settings tried for the bulk row (1 GiB, 3 runs
+            # each): buffered in memory through 16 x 64 KiB, never to a temp file: ~780 MiB/s at ~550
+            # ms CPU per GiB, against ~530 MiB/s and ~1.1 s for the defaults, buffered or not.
+            proxy_buffering on;
+            proxy_max_temp_file_size 0;
             proxy_buffer_size 64k;
-            proxy_buffers 8 64k;
+            proxy_buffers 16 64k;
+            proxy_busy_buffers_size 128k;
         }
     }
     server { listen 127.0.2.1:80 default_server; return 403; }
