@@ -335,5 +335,12 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo "|---|---:|---:|---:|"
     echo "| idle (after load) | $idle_router | $idle_nginx | $(ratio "$idle_router" "$idle_nginx") |"
     echo "| 1,000 open TLS connections | $busy_router | $busy_nginx | $(ratio "$busy_router" "$busy_nginx") |"
+    echo
+    echo "nginx $(nginx -v 2>&1 | sed 's/^nginx version: //') ran with this configuration (the run's temporary directory shown as \$work);"
+    echo "the names resolve through a dnsmasq with --local-ttl=300, as the router's do:"
+    echo
+    echo '```nginx'
+    sed "s|$work|\$work|g" "$work/nginx-px.conf"
+    echo '```'
 } >"$out"
 [ "$out" = /dev/stdout ] || cat "$out"
