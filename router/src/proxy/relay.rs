@@ -179,11 +179,27 @@ async fn pump_copy(
         if n == 0 {
             return Ok((total, true));
         }
+        if n < COPY_BUF {
+            drained(src);
+        }
         write_all(dst, &buf[..n]).await?;
         total += n as u64;
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
     Ok((total, false))
+}
+
+/// After a read that returned less than it asked for, the socket's receive queue was empty (TCP copies
+/// until the queue or the buffer runs out): forget its readiness without the read that would fail with
+/// EAGAIN, as nginx does. One system call less per read, so about a third fewer per relayed message.
+///
+/// Safe against lost wake-ups: tokio clears readiness only if no newer event has been seen since the one
+/// the read ran on (its event tick), never clears a seen end of stream, and data arriving later raises a
+/// new edge-triggered event.
+fn drained(src: &TcpStream) {
+    let _ = src.try_io(Interest::READABLE, || {
+        Err::<(), _>(io::Error::from(io::ErrorKind::WouldBlock))
+    });
 }
 
 /// Writes all of `data` to a shared stream.
@@ -210,7 +226,12 @@ pub(crate) async fn read_some(src: &TcpStream, buf: &mut Vec<u8>, max: usize) ->
         src.readable().await?;
         buf.reserve(max);
         match src.try_read_buf(&mut buf.limit(max)) {
-            Ok(n) => return Ok(n),
+            Ok(n) => {
+                if n > 0 && n < max {
+                    drained(src);
+                }
+                return Ok(n);
+            }
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
                     || e.kind() == io::ErrorKind::Interrupted => {}
