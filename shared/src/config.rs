@@ -400,7 +400,7 @@ impl RouterConfig {
         let inject = self
             .inject
             .as_ref()
-            .and_then(|i| i.validate(&policy, &mut problems));
+            .and_then(|i| i.validate(&mut problems));
         let (Some(ttl), Some(max_connections), Some(per_client), Some(wildcard), true) = (
             ttl,
             max_connections,

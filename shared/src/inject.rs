@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::name::HostName;
-use crate::policy::Policy;
 
 /// The longest placeholder accepted: API keys and OAuth tokens are well under this.
 pub const MAX_PLACEHOLDER_LEN: usize = 512;
@@ -86,18 +85,15 @@ pub struct ValidInject {
 }
 
 impl InjectConfig {
-    /// Parses and checks the hosts and placeholders against `policy`; pushes one line per problem.
-    pub fn validate(&self, policy: &Policy, problems: &mut Vec<String>) -> Option<ValidInject> {
+    /// Parses and checks the hosts and placeholders; pushes one line per problem.
+    ///
+    /// A terminated host need not be on the allowlist: the policy decides every SNI before termination
+    /// is considered, so a host removed from the allowlist (by a live change during a session) is simply
+    /// refused, and the change must not be refused because of this section.
+    pub fn validate(&self, problems: &mut Vec<String>) -> Option<ValidInject> {
         let before = problems.len();
         let mut parse = |what: &str, raw: &str| match HostName::parse(raw) {
-            Ok(n) => {
-                if !policy.allows(&n) {
-                    problems.push(format!(
-                        "inject: {what} `{n}` is not on the allowlist; a terminated host must be allowed"
-                    ));
-                }
-                Some(n)
-            }
+            Ok(n) => Some(n),
             Err(e) => {
                 problems.push(format!("inject: {what} `{}`: {e}", raw.escape_debug()));
                 None
@@ -173,15 +169,6 @@ fn check_placeholder(what: &str, value: &str, problems: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allowlist::Entry;
-
-    fn policy(names: &[&str]) -> Policy {
-        Policy::from_entries(
-            names
-                .iter()
-                .map(|n| Entry::Host(HostName::parse(n).unwrap())),
-        )
-    }
 
     fn config() -> InjectConfig {
         InjectConfig {
@@ -205,27 +192,21 @@ mod tests {
     #[test]
     fn terminated_is_the_union() {
         let mut problems = Vec::new();
-        let v = config()
-            .validate(
-                &policy(&["api.anthropic.com", "platform.claude.com"]),
-                &mut problems,
-            )
-            .unwrap();
+        let v = config().validate(&mut problems).unwrap();
         assert!(problems.is_empty(), "{problems:?}");
         let names: Vec<_> = v.terminated.iter().map(HostName::as_str).collect();
         assert_eq!(names, ["api.anthropic.com", "platform.claude.com"]);
     }
 
     #[test]
-    fn unlisted_host_and_short_placeholder_are_refused() {
+    fn bad_host_and_short_placeholder_are_refused() {
         let mut c = config();
         c.api_key.as_mut().unwrap().placeholder = "short".into();
+        c.oauth.as_mut().unwrap().token_host = "platform..claude.com".into();
         let mut problems = Vec::new();
-        assert!(c
-            .validate(&policy(&["api.anthropic.com"]), &mut problems)
-            .is_none());
+        assert!(c.validate(&mut problems).is_none());
         assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(problems[0].contains("platform.claude.com"), "{problems:?}");
+        assert!(problems[0].contains("token_host"), "{problems:?}");
         assert!(problems[1].contains("placeholder"), "{problems:?}");
     }
 }
