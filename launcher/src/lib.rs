@@ -4,13 +4,15 @@
 //! `main.rs` only calls [`main`]. The modules: [`cli`] (what the user asked), [`settings`] (images,
 //! allowlist, home volume), [`workdir`] (directories the sandbox may not be given), [`podman`] (every
 //! podman command line), [`session`] (the topology and its lifecycle), [`liveness`] (stale sessions),
-//! [`report`] (what the router refused), [`signals`], [`images`] (`--build-images`), [`live`]
+//! [`report`] (what the router refused), [`signals`], [`images`] (`--build-images`), [`inject`] (the
+//! session CA and the placeholders that keep secrets out of the sandbox), [`live`]
 //! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist) and
 //! [`doctor`] (`agent-sandbox doctor`).
 
 pub mod cli;
 pub mod doctor;
 pub mod images;
+pub mod inject;
 pub mod live;
 pub mod liveness;
 pub mod podman;
@@ -31,19 +33,22 @@ use crate::signals::SignalWatch;
 
 /// Runs the launcher for an already parsed command line; returns the exit code.
 pub fn run(action: Action) -> anyhow::Result<i32> {
-    let settings = Settings::from_env(|k| std::env::var_os(k))?;
+    let mut settings = Settings::from_env(|k| std::env::var_os(k))?;
     let podman = Podman::default();
     match action {
         Action::Doctor(options) => doctor::run(&podman, &settings, &options),
-        Action::PrintConfig => {
+        Action::PrintConfig { no_inject } => {
+            settings.inject = !no_inject;
             print!("{}", settings.describe());
+            print!("{}", inject_report(&settings));
             Ok(0)
         }
         Action::BuildImages { which, base_image } => {
             images::build(&podman, &settings, which, base_image.as_deref())?;
             Ok(0)
         }
-        Action::Session(command) => {
+        Action::Session { command, no_inject } => {
+            settings.inject = !no_inject;
             let signals = SignalWatch::install()?;
             match session::run(&podman, &settings, command, &signals) {
                 Ok(code) => Ok(code),
@@ -57,6 +62,23 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// `--print-config`'s part on credential injection: which hosts a session started now would
+/// terminate, why, and the router's `[inject]` section (with the placeholder, if one was made).
+fn inject_report(settings: &Settings) -> String {
+    let policy = match agent_sandbox_shared::Allowlist::load(&settings.allowlist) {
+        Ok(list) => agent_sandbox_shared::Policy::new(&list),
+        Err(e) => return format!("inject:         unknown: the allowlist does not load: {e}\n"),
+    };
+    let decision = inject::decide(&policy, inject::host_api_key().is_some(), settings.inject);
+    let placeholder =
+        inject::placeholder::stored(&settings.state_dir, &settings.home_volume).unwrap_or(None);
+    inject::describe(
+        &decision,
+        placeholder.as_deref(),
+        settings.test_upstream_roots.is_some(),
+    )
 }
 
 /// The whole program: parse, run, report errors (with their causes) on stderr.
