@@ -228,10 +228,22 @@ pub(crate) struct Request<'a> {
 
 /// Writes the session's CA, key files and bundle (None when nothing is terminated).
 pub(crate) fn prepare(podman: &Podman, req: &Request<'_>) -> anyhow::Result<Option<SessionInject>> {
-    let hosts = req.decision.terminated();
-    if hosts.is_empty() {
+    if req.decision.terminated().is_empty() {
         return Ok(None);
     }
+    let system = image_bundle(podman, req.image, req.cache_dir)?;
+    let (inject, secret_files) = write_session_files(req, &system)?;
+    give_to_router(podman, &secret_files, req.rootless)?;
+    Ok(Some(inject))
+}
+
+/// The files of [`prepare`], given the image's system bundle: `inject/` with the CA (0644), its key
+/// and the real key (0600; returned for [`give_to_router`]), and the sandbox's bundle (0644).
+fn write_session_files(
+    req: &Request<'_>,
+    system_bundle: &str,
+) -> anyhow::Result<(SessionInject, Vec<PathBuf>)> {
+    let hosts = req.decision.terminated();
     let placeholder = match (req.decision.api_key_hosts.is_empty(), req.api_key) {
         (true, _) => None,
         (false, Some(key)) => {
@@ -275,11 +287,9 @@ pub(crate) fn prepare(podman: &Podman, req: &Request<'_>) -> anyhow::Result<Opti
         })?;
         write_new(&router_dir.join(UPSTREAM_ROOTS_FILE), &text, 0o644)?;
     }
-    give_to_router(podman, &secret_files, req.rootless)?;
 
-    let system = image_bundle(podman, req.image, req.cache_dir)?;
     let bundle = req.dir.join(BUNDLE_FILE);
-    let mut combined = system;
+    let mut combined = system_bundle.to_owned();
     if !combined.ends_with('\n') {
         combined.push('\n');
     }
@@ -298,13 +308,14 @@ pub(crate) fn prepare(podman: &Podman, req: &Request<'_>) -> anyhow::Result<Opti
     if let Some(p) = placeholder {
         env.push((API_KEY_VAR.to_owned(), p));
     }
-    Ok(Some(SessionInject {
+    let inject = SessionInject {
         config,
         router_dir,
         ca_cert,
         bundle,
         env,
-    }))
+    };
+    Ok((inject, secret_files))
 }
 
 /// Makes the secret files (0600) the router's: its non-root user must read them and nobody else
@@ -490,5 +501,127 @@ mod tests {
         assert!(!text.contains("upstream_roots"), "{text}");
         let none = describe(&decide(&allowed, false, true), None, false);
         assert!(none.contains("nothing is terminated"), "{none}");
+    }
+
+    #[test]
+    fn session_files_have_their_modes_and_no_secret_reaches_the_sandbox() {
+        use std::os::unix::fs::MetadataExt as _;
+        let tmp = std::env::temp_dir().join(format!("as-inject-files-{}", std::process::id()));
+        let dir = tmp.join("session");
+        fs::create_dir_all(&dir).unwrap();
+        let key = format!("{}{}AA", placeholder::PREFIX, "k".repeat(93));
+        let allowed = policy(&["api.anthropic.com"]);
+        let decision = decide(&allowed, true, true);
+        let roots = tmp.join("roots.pem");
+        fs::write(&roots, "-----BEGIN CERTIFICATE-----\ntest\n").unwrap();
+        let req = Request {
+            session: "0123456789ab",
+            dir: &dir,
+            decision: &decision,
+            api_key: Some(&key),
+            home_volume: "agent-sandbox-home",
+            state_dir: &tmp.join("state"),
+            cache_dir: &tmp.join("cache"),
+            image: "localhost/agent-sandbox:dev",
+            rootless: true,
+            upstream_roots: Some(&roots),
+        };
+        let system = "-----BEGIN CERTIFICATE-----\nsystem root\n-----END CERTIFICATE-----";
+        let (inject, secrets) = write_session_files(&req, system).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(inject.router_dir, dir.join("inject"));
+        assert_eq!(mode(&inject.router_dir), 0o711);
+        assert_eq!(mode(&dir.join("inject/ca.pem")), 0o644);
+        assert_eq!(mode(&dir.join("inject/ca.key")), 0o600);
+        assert_eq!(mode(&dir.join("inject/api-key")), 0o600);
+        assert_eq!(mode(&dir.join("inject/upstream-roots.pem")), 0o644);
+        assert_eq!(mode(&dir.join("ca-bundle.crt")), 0o644);
+        assert_eq!(
+            secrets,
+            [dir.join("inject/ca.key"), dir.join("inject/api-key")]
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("inject/api-key")).unwrap(),
+            format!("{key}\n")
+        );
+        // The sandbox's bundle: the image's roots, then the session CA; the CA file is the same CA.
+        let bundle = fs::read_to_string(&inject.bundle).unwrap();
+        let ca_pem = fs::read_to_string(&inject.ca_cert).unwrap();
+        assert!(bundle.starts_with(system));
+        assert!(bundle.ends_with(&ca_pem));
+        assert!(!bundle.contains("PRIVATE KEY"));
+        // The router's section points inside its mount and validates against the policy.
+        let mut problems = Vec::new();
+        inject.config.validate(&allowed, &mut problems).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+
+        // What the sandbox is given: no real key and no CA key in any argument or variable.
+        let spec = crate::podman::SandboxSpec {
+            name: "s".into(),
+            labels: crate::podman::SessionLabels {
+                session: "0123456789ab".into(),
+                pid: 1,
+                start: 1,
+                boot: "b".into(),
+                project: "/p".into(),
+            },
+            pod: "p".into(),
+            image: "i".into(),
+            user: crate::podman::UserMapping::KeepId,
+            passwd_entry: None,
+            project: "/p".into(),
+            home_volume: "v".into(),
+            home: "/home/me".into(),
+            chown_home: false,
+            hosts_file: "/s/hosts".into(),
+            resolv_file: "/s/resolv.conf".into(),
+            tty: false,
+            ca: Some(crate::podman::SandboxCa {
+                cert: inject.ca_cert.clone(),
+                bundle: inject.bundle.clone(),
+            }),
+            env: inject.env.clone(),
+            pass_env: vec!["TERM".into()],
+            command: vec!["claude".into()],
+        };
+        let argv: Vec<String> = args::sandbox_run(&spec)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let key_body = &key[placeholder::PREFIX.len()..];
+        assert!(!argv.iter().any(|a| a.contains(key_body)), "{argv:?}");
+        assert!(!argv
+            .iter()
+            .any(|a| a.contains("ca.key") || a.contains("api-key") || a.ends_with("/inject")));
+        let placeholder = inject
+            .env
+            .iter()
+            .find(|(k, _)| k == API_KEY_VAR)
+            .map(|(_, v)| v.clone())
+            .unwrap();
+        assert!(argv.contains(&format!("ANTHROPIC_API_KEY={placeholder}")));
+        assert_eq!(placeholder.len(), key.len());
+        let router = crate::podman::RouterSpec {
+            name: "r".into(),
+            labels: spec.labels.clone(),
+            image: "r".into(),
+            session_network: "n".into(),
+            session_ip: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            egress_network: "e".into(),
+            config_dir: dir.join("router"),
+            inject_dir: Some(inject.router_dir.clone()),
+        };
+        let argv: Vec<String> = args::router_run(&router)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert!(!argv.iter().any(|a| a.contains(key_body)), "{argv:?}");
+        assert!(argv.contains(&format!(
+            "{}:/etc/agent-sandbox-inject:ro",
+            inject.router_dir.display()
+        )));
+        // A second session directory is written afresh, never through existing files.
+        assert!(write_session_files(&req, system).is_err());
+        fs::remove_dir_all(&tmp).unwrap();
     }
 }
