@@ -24,7 +24,8 @@ else
 fi
 timeout 180 claude -p hello > "claude-$part.out" 2> "claude-$part.err"
 echo $? > "claude-$part.rc"
-tar -C "$HOME" -cf "home-$part.tar" . 2>/dev/null
+# The home volume only: rootless, the project is mounted below $HOME's path.
+tar --one-file-system -C "$HOME" -cf "home-$part.tar" . 2>/dev/null
 if [ "$part" = inject ]; then
   # The suite inspects the running session's containers, then says so.
   for _ in $(seq 1 1500); do [ -e inspected ] && break; sleep 0.2; done

@@ -9,15 +9,15 @@
 //! CA (`AGENT_SANDBOX_TEST_UPSTREAM_ROOTS`). The API key is the suite's own fake.
 //!
 //! Two sessions:
-//! 1. `--no-inject`: today's behaviour. The key is in the sandbox's environment, the router splices,
-//!    and Claude Code trusts the stand-in's test CA through NODE_EXTRA_CA_CERTS (which proves the
-//!    pinned Claude Code honours it, and that the canned streamed response is what `-p` needs).
-//! 2. injection: the sandbox holds a placeholder and trusts the session CA; the router terminates TLS
+//! 1. injection: the sandbox holds a placeholder and trusts the session CA; the router terminates TLS
 //!    and adds the real key. While it runs, `podman inspect` of every session container and the
 //!    router's log must not hold the key, the CA key's directory must be mounted into the router only,
 //!    and the secret files must be 0600 and not the invoking user's. Afterwards the stand-in must have
 //!    received the real key and never the placeholder, and nothing the sandbox saw (its environment,
 //!    its home volume) may hold the key.
+//! 2. `--no-inject`: today's behaviour. The key is in the sandbox's environment, the router splices,
+//!    and Claude Code trusts the stand-in's test CA through NODE_EXTRA_CA_CERTS (which proves the
+//!    pinned Claude Code honours it, and that the canned streamed response is what `-p` needs).
 
 use std::fs;
 use std::io::Read as _;
@@ -65,35 +65,7 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ("XDG_CACHE_HOME", conf.join("cache").display().to_string()),
     ];
 
-    // 1. --no-inject: as before injection.
-    let r = s.launch_env(
-        &dir,
-        &["--no-inject", "--exec", "bash", "./inject.sh", "no-inject"],
-        &env,
-    );
-    let got = standin_requests(s, &standin);
-    let claude = read(&dir.join("claude-no-inject.out"));
-    s.checks.check(
-        r.code == Some(0) && claude.contains(STANDIN_TEXT),
-        format!(
-            "[{m}] --no-inject: claude -p answers through the splicing router with the stand-in's text: code {:?}, out {claude:?}, err {:?}, launcher {}",
-            r.code,
-            read(&dir.join("claude-no-inject.err")),
-            r.stderr
-        ),
-    );
-    s.checks.check(
-        got.iter()
-            .any(|l| l.contains("POST /v1/messages") && l.contains(&format!("key={key}"))),
-        format!("[{m}] --no-inject: the stand-in receives the key from the sandbox: {got:?}"),
-    );
-    s.checks.check(
-        read(&dir.join("env-no-inject.txt")).contains(&format!("ANTHROPIC_API_KEY={key}")),
-        format!("[{m}] --no-inject: the sandbox's environment holds the key as before"),
-    );
-    let before = got.len();
-
-    // 2. Injection.
+    // 1. Injection.
     let child = s
         .launcher_command(&dir, &["--exec", "bash", "./inject.sh", "inject"], &env)
         .spawn()
@@ -122,7 +94,7 @@ pub(crate) fn run(s: &mut Suite<'_>) {
             "placeholder-key",
         ],
     );
-    let got: Vec<String> = standin_requests(s, &standin).split_off(before);
+    let got = standin_requests(s, &standin);
     let claude = read(&dir.join("claude-inject.out"));
     s.checks.check(
         r.code == Some(0) && claude.contains(STANDIN_TEXT),
@@ -149,8 +121,8 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         format!("[{m}] the sandbox's ANTHROPIC_API_KEY is a placeholder of the key's shape: {placeholder:?}"),
     );
     s.checks.check(
-        !placeholder.is_empty() && !got.iter().any(|l| l.contains(&placeholder)),
-        format!("[{m}] the placeholder never reaches the stand-in"),
+        !placeholder.is_empty() && !got.is_empty() && !got.iter().any(|l| l.contains(&placeholder)),
+        format!("[{m}] requests reach the stand-in, and the placeholder never does: {got:?}"),
     );
     let home = fs::read(dir.join("home-inject.tar")).unwrap_or_default();
     s.checks.check(
@@ -159,6 +131,35 @@ pub(crate) fn run(s: &mut Suite<'_>) {
             "[{m}] neither the sandbox's environment nor its home volume ({} bytes) holds the real key",
             home.len()
         ),
+    );
+    let before = got.len();
+
+    // 2. --no-inject: as before injection (second: the home volume the first part checked never held
+    // the key).
+    let r = s.launch_env(
+        &dir,
+        &["--no-inject", "--exec", "bash", "./inject.sh", "no-inject"],
+        &env,
+    );
+    let got = standin_requests(s, &standin).split_off(before);
+    let claude = read(&dir.join("claude-no-inject.out"));
+    s.checks.check(
+        r.code == Some(0) && claude.contains(STANDIN_TEXT),
+        format!(
+            "[{m}] --no-inject: claude -p answers through the splicing router with the stand-in's text: code {:?}, out {claude:?}, err {:?}, launcher {}",
+            r.code,
+            read(&dir.join("claude-no-inject.err")),
+            r.stderr
+        ),
+    );
+    s.checks.check(
+        got.iter()
+            .any(|l| l.contains("POST /v1/messages") && l.contains(&format!("key={key}"))),
+        format!("[{m}] --no-inject: the stand-in receives the key from the sandbox: {got:?}"),
+    );
+    s.checks.check(
+        read(&dir.join("env-no-inject.txt")).contains(&format!("ANTHROPIC_API_KEY={key}")),
+        format!("[{m}] --no-inject: the sandbox's environment holds the key as before"),
     );
 }
 
@@ -172,12 +173,14 @@ fn inspect_running(s: &mut Suite<'_>, dir: &Path, key: &str) {
         "--format",
         "{{.Names}}",
     ]);
+    // The pod's infra container carries the labels too.
     let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
     s.checks.check(
-        names.len() == 3,
+        has("-router") && has("-forwarder") && has("-sandbox"),
         format!("[{m}] the session has its router, forwarder and sandbox: {names:?}"),
     );
-    let mut inject_dir = None;
+    let mut inspected = Vec::new();
     for name in &names {
         let json = s.mode.podman_ok(&["inspect", name]);
         s.checks.check(
@@ -198,47 +201,57 @@ fn inspect_running(s: &mut Suite<'_>, dir: &Path, key: &str) {
                 )
             })
             .collect();
-        let router_mount = mounts
-            .iter()
-            .find(|(_, dst)| dst == "/etc/agent-sandbox-inject");
+        inspected.push(((*name).to_owned(), mounts));
+    }
+    let inject_dir = inspected
+        .iter()
+        .filter(|(name, _)| name.ends_with("-router"))
+        .flat_map(|(_, mounts)| mounts.iter())
+        .find(|(_, dst)| dst == "/etc/agent-sandbox-inject")
+        .map(|(src, _)| PathBuf::from(src));
+    s.checks.check(
+        inject_dir.is_some(),
+        format!("[{m}] the router has the inject directory: {inspected:?}"),
+    );
+    let Some(inject_dir) = inject_dir else {
+        return;
+    };
+    for (name, mounts) in &inspected {
         if name.ends_with("-router") {
-            s.checks.check(
-                router_mount.is_some(),
-                format!("[{m}] the router has the inject directory: {mounts:?}"),
-            );
-            inject_dir = router_mount.map(|(src, _)| PathBuf::from(src));
             let logs = text(&s.mode.podman(&["logs", name]));
             s.checks.check(
                 !logs.contains(key),
                 format!("[{m}] the router's log holds no real key"),
             );
-        } else {
-            s.checks.check(
-                router_mount.is_none()
-                    && !mounts.iter().any(|(src, _)| {
-                        src.ends_with("/inject")
-                            || src.ends_with("/ca.key")
-                            || src.ends_with("/api-key")
-                    }),
-                format!("[{m}] {name} has neither the CA key nor the key file: {mounts:?}"),
-            );
+            continue;
         }
+        let secret = |src: &str| {
+            let src = Path::new(src);
+            src == inject_dir
+                || src == inject_dir.join("ca.key")
+                || src == inject_dir.join("api-key")
+        };
+        s.checks.check(
+            !mounts
+                .iter()
+                .any(|(src, dst)| secret(src) || dst == "/etc/agent-sandbox-inject"),
+            format!("[{m}] {name} has neither the CA key nor the key file: {mounts:?}"),
+        );
     }
-    let Some(inject_dir) = inject_dir else {
-        return;
+    let meta = |f: &str| {
+        fs::metadata(inject_dir.join(f)).map(|md| (format!("{:o}", md.mode() & 0o777), md.uid()))
     };
-    let meta = |f: &str| fs::metadata(inject_dir.join(f)).map(|md| (md.mode() & 0o777, md.uid()));
     for f in ["ca.key", "api-key"] {
         let got = meta(f);
         s.checks.check(
             got.as_ref()
-                .is_ok_and(|(mode, uid)| *mode == 0o600 && *uid != s.mode.uid),
+                .is_ok_and(|(mode, uid)| mode == "600" && *uid != s.mode.uid),
             format!("[{m}] {f} is 0600 and the router user's, not the invoking user's: {got:?}"),
         );
     }
     let got = meta("ca.pem");
     s.checks.check(
-        got.as_ref().is_ok_and(|(mode, _)| *mode == 0o644),
+        got.as_ref().is_ok_and(|(mode, _)| mode == "644"),
         format!("[{m}] ca.pem is 0644: {got:?}"),
     );
 }
