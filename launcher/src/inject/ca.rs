@@ -76,6 +76,21 @@ pub fn generate(
     hosts: &[String],
     now: OffsetDateTime,
 ) -> Result<SessionCa, CaError> {
+    let params = params(session, hosts, now)?;
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(CaError::Rcgen)?;
+    let cert = params.self_signed(&key).map_err(CaError::Rcgen)?;
+    Ok(SessionCa {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// The CA certificate's contents (everything but the key).
+fn params(
+    session: &str,
+    hosts: &[String],
+    now: OffsetDateTime,
+) -> Result<CertificateParams, CaError> {
     if hosts.is_empty() {
         return Err(CaError::NoHosts);
     }
@@ -109,12 +124,7 @@ pub fn generate(
     serial[0] &= 0x7f;
     serial[0] |= 0x01;
     params.serial_number = Some(SerialNumber::from_slice(&serial));
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(CaError::Rcgen)?;
-    let cert = params.self_signed(&key).map_err(CaError::Rcgen)?;
-    Ok(SessionCa {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    Ok(params)
 }
 
 #[cfg(test)]
@@ -227,5 +237,57 @@ mod tests {
             generate("x", &[], OffsetDateTime::now_utc()),
             Err(CaError::NoHosts)
         ));
+    }
+
+    #[test]
+    fn leaves_verify_for_the_hosts_only() {
+        use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+        let now = OffsetDateTime::now_utc();
+        let hosts = vec!["api.anthropic.com".to_owned()];
+        let ca_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let ca_params = params("s", &hosts, now).unwrap();
+        let ca_der = ca_params.self_signed(&ca_key).unwrap().der().to_vec();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let leaf = |names: Vec<String>| {
+            let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+            let mut p = CertificateParams::new(names).unwrap();
+            p.not_before = now - ::time::Duration::minutes(5);
+            p.not_after = now + ::time::Duration::hours(1);
+            p.signed_by(&key, &issuer).unwrap().der().to_vec()
+        };
+        let ca = CertificateDer::from(ca_der.as_slice());
+        let anchors = [webpki::anchor_from_trusted_cert(&ca).unwrap().to_owned()];
+        let at = UnixTime::since_unix_epoch(Duration::from_secs(
+            u64::try_from(now.unix_timestamp()).unwrap(),
+        ));
+        let verify = |der: &[u8], name: &str| {
+            let der = CertificateDer::from(der);
+            let ee = webpki::EndEntityCert::try_from(&der)?;
+            ee.verify_for_usage(
+                webpki::ALL_VERIFICATION_ALGS,
+                &anchors,
+                &[],
+                at,
+                webpki::KeyUsage::server_auth(),
+                None,
+                None,
+            )?;
+            ee.verify_is_valid_for_subject_name(&ServerName::try_from(name.to_owned()).unwrap())
+        };
+        // A leaf for the terminated host verifies; one for any other name (even one the leaf claims)
+        // or for an address breaks the name constraints.
+        verify(&leaf(vec!["api.anthropic.com".into()]), "api.anthropic.com").unwrap();
+        let other = verify(&leaf(vec!["example.com".into()]), "example.com").unwrap_err();
+        assert!(
+            matches!(other, webpki::Error::NameConstraintViolation),
+            "{other:?}"
+        );
+        let mixed = leaf(vec!["api.anthropic.com".into(), "example.com".into()]);
+        assert!(verify(&mixed, "api.anthropic.com").is_err());
+        let address = verify(&leaf(vec!["10.0.0.1".into()]), "10.0.0.1").unwrap_err();
+        assert!(
+            matches!(address, webpki::Error::NameConstraintViolation),
+            "{address:?}"
+        );
     }
 }
