@@ -16,7 +16,7 @@ use clap::Parser;
 #[command(
     name = "agent-sandbox",
     version,
-    override_usage = "agent-sandbox [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox doctor [--json] [--no-session] [--reach]\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
+    override_usage = "agent-sandbox [--no-inject] [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox doctor [--json] [--no-session] [--reach]\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
     after_help = "Arguments after the launcher's options go to Claude Code untouched \
                   (`agent-sandbox --continue`). To pass one that the launcher also knows, put `--` first: \
                   `agent-sandbox -- --help` shows Claude's help.\n\n\

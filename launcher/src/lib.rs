@@ -67,7 +67,13 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
 /// `--print-config`'s part on credential injection: which hosts a session started now would
 /// terminate, why, and the router's `[inject]` section (with the placeholder, if one was made).
 fn inject_report(settings: &Settings) -> String {
-    let policy = match agent_sandbox_shared::Allowlist::load(&settings.allowlist) {
+    let loaded = if settings.allowlist.exists() {
+        agent_sandbox_shared::Allowlist::load(&settings.allowlist)
+    } else {
+        // The first session copies the default: judge by it.
+        agent_sandbox_shared::Allowlist::parse(settings::EMBEDDED_ALLOWLIST, "default")
+    };
+    let policy = match loaded {
         Ok(list) => agent_sandbox_shared::Policy::new(&list),
         Err(e) => return format!("inject:         unknown: the allowlist does not load: {e}\n"),
     };
