@@ -202,7 +202,6 @@ pub(crate) struct SessionInject {
 }
 
 /// What [`prepare`] needs from the session.
-#[derive(Debug)]
 pub(crate) struct Request<'a> {
     /// The session id (the CA's common name).
     pub(crate) session: &'a str,
@@ -224,6 +223,19 @@ pub(crate) struct Request<'a> {
     pub(crate) rootless: bool,
     /// The test hook's upstream roots file ([`TEST_UPSTREAM_ROOTS_VAR`]).
     pub(crate) upstream_roots: Option<&'a Path>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The real key never reaches a message by way of `{:?}`.
+        f.debug_struct("Request")
+            .field("session", &self.session)
+            .field("dir", &self.dir)
+            .field("decision", &self.decision)
+            .field("api_key", &self.api_key.map(|_| "<redacted>"))
+            .field("home_volume", &self.home_volume)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Writes the session's CA, key files and bundle (None when nothing is terminated).
@@ -527,6 +539,7 @@ mod tests {
             upstream_roots: Some(&roots),
         };
         let system = "-----BEGIN CERTIFICATE-----\nsystem root\n-----END CERTIFICATE-----";
+        assert!(!format!("{req:?}").contains(&key));
         let (inject, secrets) = write_session_files(&req, system).unwrap();
         let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
         assert_eq!(inject.router_dir, dir.join("inject"));

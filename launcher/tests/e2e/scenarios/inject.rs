@@ -66,11 +66,11 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     ];
 
     // 1. Injection.
-    let child = s
+    let mut child = s
         .launcher_command(&dir, &["--exec", "bash", "./inject.sh", "inject"], &env)
         .spawn()
         .unwrap();
-    let ready = wait_for_file(&dir.join("ready"), Duration::from_secs(180));
+    let ready = wait_for_file(&dir.join("ready"), &mut child, Duration::from_secs(180));
     s.checks.check(
         ready,
         format!("[{m}] the injecting session starts and its sandbox runs the script"),
@@ -333,12 +333,15 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Polls for `path` until `limit`.
-fn wait_for_file(path: &Path, limit: Duration) -> bool {
+/// Polls for `path` until `limit`, or until the launcher has exited without making it.
+fn wait_for_file(path: &Path, launcher: &mut std::process::Child, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if path.exists() {
             return true;
+        }
+        if launcher.try_wait().ok().flatten().is_some() {
+            return path.exists();
         }
         std::thread::sleep(Duration::from_millis(200));
     }
