@@ -2,7 +2,8 @@
 //!
 //! `agent-sandbox --continue` must hand `--continue` to Claude, so the trailing arguments are captured
 //! verbatim from the first one the launcher does not know (hyphens included). Only `--help`, `--version`,
-//! `--exec`, `--build-images` (with its `--base-image`) and `--print-config` are the launcher's, and only
+//! `--exec`, `--build-images` (with its `--base-image`), `--print-config` and `--no-inject` are the
+//! launcher's, and only
 //! before that point; `agent-sandbox -- --help` passes `--help` to Claude.
 
 use std::ffi::OsString;
@@ -15,7 +16,7 @@ use clap::Parser;
 #[command(
     name = "agent-sandbox",
     version,
-    override_usage = "agent-sandbox [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox doctor [--json] [--no-session] [--reach]\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
+    override_usage = "agent-sandbox [--no-inject] [CLAUDE_ARGS]...\n       agent-sandbox --exec CMD [ARGS]...\n       agent-sandbox doctor [--json] [--no-session] [--reach]\n       agent-sandbox --build-images[=all|router|sandbox] [--base-image IMAGE]",
     after_help = "Arguments after the launcher's options go to Claude Code untouched \
                   (`agent-sandbox --continue`). To pass one that the launcher also knows, put `--` first: \
                   `agent-sandbox -- --help` shows Claude's help.\n\n\
@@ -48,9 +49,15 @@ pub struct Cli {
     #[arg(long, value_name = "IMAGE", requires = "build_images")]
     pub base_image: Option<String>,
 
-    /// Print the images, allowlist and home volume this launcher uses, then exit.
+    /// Print the images, allowlist and home volume this launcher uses, and which hosts a session would
+    /// terminate to add credentials (and why), then exit.
     #[arg(long)]
     pub print_config: bool,
+
+    /// Do not keep secrets out of the sandbox: pass ANTHROPIC_API_KEY into it as it is and terminate no
+    /// TLS (every allowlisted host is spliced end to end, as before credential injection).
+    #[arg(long, conflicts_with = "build_images")]
+    pub no_inject: bool,
 
     /// Arguments for Claude Code, or with --exec the command and its arguments.
     #[arg(
@@ -76,7 +83,12 @@ pub enum ImageSet {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
     /// Run a command in a sandbox session.
-    Session(Vec<OsString>),
+    Session {
+        /// The command (Claude Code and its arguments, or `--exec`'s).
+        command: Vec<OsString>,
+        /// `--no-inject`: the real API key goes into the sandbox; nothing is terminated.
+        no_inject: bool,
+    },
     /// Build the images.
     BuildImages {
         /// Which images.
@@ -85,7 +97,10 @@ pub enum Action {
         base_image: Option<String>,
     },
     /// Print the effective settings.
-    PrintConfig,
+    PrintConfig {
+        /// `--no-inject` was given: show what a session with it would do.
+        no_inject: bool,
+    },
     /// `agent-sandbox doctor`: check this machine, then prove containment in a real session.
     Doctor(crate::doctor::DoctorOptions),
 }
@@ -106,17 +121,25 @@ impl Cli {
             if !self.args.is_empty() {
                 return Err("--print-config takes no other arguments".into());
             }
-            return Ok(Action::PrintConfig);
+            return Ok(Action::PrintConfig {
+                no_inject: self.no_inject,
+            });
         }
         if self.exec {
             if self.args.is_empty() {
                 return Err("--exec needs a command, e.g. `agent-sandbox --exec bash`".into());
             }
-            return Ok(Action::Session(self.args));
+            return Ok(Action::Session {
+                command: self.args,
+                no_inject: self.no_inject,
+            });
         }
         let mut command = vec![OsString::from("claude")];
         command.extend(self.args);
-        Ok(Action::Session(command))
+        Ok(Action::Session {
+            command,
+            no_inject: self.no_inject,
+        })
     }
 }
 
@@ -134,7 +157,10 @@ mod tests {
 
     fn session(args: &[&str]) -> Vec<String> {
         match parse(args).unwrap() {
-            Action::Session(c) => c.into_iter().map(|s| s.into_string().unwrap()).collect(),
+            Action::Session { command, .. } => command
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect(),
             other => panic!("{other:?}"),
         }
     }
@@ -222,6 +248,37 @@ mod tests {
         assert!(parse(&["--build-images=nope"]).is_err());
         assert!(parse(&["--base-image", "x"]).is_err());
         assert!(parse(&["--build-images", "--exec", "bash"]).is_err());
-        assert_eq!(parse(&["--print-config"]).unwrap(), Action::PrintConfig);
+        assert_eq!(
+            parse(&["--print-config"]).unwrap(),
+            Action::PrintConfig { no_inject: false }
+        );
+        assert_eq!(
+            parse(&["--no-inject", "--print-config"]).unwrap(),
+            Action::PrintConfig { no_inject: true }
+        );
+    }
+
+    #[test]
+    fn no_inject_is_the_launchers_before_claudes_arguments() {
+        assert_eq!(
+            parse(&["--no-inject", "-p", "hi"]).unwrap(),
+            Action::Session {
+                command: vec!["claude".into(), "-p".into(), "hi".into()],
+                no_inject: true
+            }
+        );
+        assert_eq!(
+            parse(&["--no-inject", "--exec", "env"]).unwrap(),
+            Action::Session {
+                command: vec!["env".into()],
+                no_inject: true
+            }
+        );
+        // After Claude's arguments start it is Claude's (and Claude rejects it).
+        assert_eq!(
+            session(&["-p", "--no-inject"]),
+            ["claude", "-p", "--no-inject"]
+        );
+        assert!(parse(&["--no-inject", "--build-images"]).is_err());
     }
 }

@@ -4,14 +4,15 @@
 //! `main.rs` only calls [`main`]. The modules: [`cli`] (what the user asked), [`settings`] (images,
 //! allowlist, home volume), [`workdir`] (directories the sandbox may not be given), [`podman`] (every
 //! podman command line), [`session`] (the topology and its lifecycle), [`liveness`] (stale sessions),
-//! [`report`] (what the router refused), [`signals`], [`images`] (`--build-images`), [`live`]
-//! (`allow`, `deny`, `reload`, `sessions`, `blocked`: changing a running session's allowlist),
-//! [`oauth`] (the OAuth token store and the home volume's placeholders) and [`doctor`]
-//! (`agent-sandbox doctor`).
+//! [`report`] (what the router refused), [`signals`], [`images`] (`--build-images`), [`inject`] (the
+//! session CA and the placeholders that keep secrets out of the sandbox), [`oauth`] (the OAuth token
+//! store and the home volume's placeholders), [`live`] (`allow`, `deny`, `reload`, `sessions`,
+//! `blocked`: changing a running session's allowlist) and [`doctor`] (`agent-sandbox doctor`).
 
 pub mod cli;
 pub mod doctor;
 pub mod images;
+pub mod inject;
 pub mod live;
 pub mod liveness;
 pub mod oauth;
@@ -33,19 +34,22 @@ use crate::signals::SignalWatch;
 
 /// Runs the launcher for an already parsed command line; returns the exit code.
 pub fn run(action: Action) -> anyhow::Result<i32> {
-    let settings = Settings::from_env(|k| std::env::var_os(k))?;
+    let mut settings = Settings::from_env(|k| std::env::var_os(k))?;
     let podman = Podman::default();
     match action {
         Action::Doctor(options) => doctor::run(&podman, &settings, &options),
-        Action::PrintConfig => {
+        Action::PrintConfig { no_inject } => {
+            settings.inject = !no_inject;
             print!("{}", settings.describe());
+            print!("{}", inject_report(&settings));
             Ok(0)
         }
         Action::BuildImages { which, base_image } => {
             images::build(&podman, &settings, which, base_image.as_deref())?;
             Ok(0)
         }
-        Action::Session(command) => {
+        Action::Session { command, no_inject } => {
+            settings.inject = !no_inject;
             let signals = SignalWatch::install()?;
             match session::run(&podman, &settings, command, &signals) {
                 Ok(code) => Ok(code),
@@ -59,6 +63,29 @@ pub fn run(action: Action) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// `--print-config`'s part on credential injection: which hosts a session started now would
+/// terminate, why, and the router's `[inject]` section (with the placeholder, if one was made).
+fn inject_report(settings: &Settings) -> String {
+    let loaded = if settings.allowlist.exists() {
+        agent_sandbox_shared::Allowlist::load(&settings.allowlist)
+    } else {
+        // The first session copies the default: judge by it.
+        agent_sandbox_shared::Allowlist::parse(settings::EMBEDDED_ALLOWLIST, "default")
+    };
+    let policy = match loaded {
+        Ok(list) => agent_sandbox_shared::Policy::new(&list),
+        Err(e) => return format!("inject:         unknown: the allowlist does not load: {e}\n"),
+    };
+    let decision = inject::decide(&policy, inject::host_api_key().is_some(), settings.inject);
+    let placeholder =
+        inject::placeholder::stored(&settings.state_dir, &settings.home_volume).unwrap_or(None);
+    inject::describe(
+        &decision,
+        placeholder.as_deref(),
+        settings.test_upstream_roots.is_some(),
+    )
 }
 
 /// The whole program: parse, run, report errors (with their causes) on stderr.

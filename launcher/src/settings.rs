@@ -6,6 +6,7 @@
 //! `AGENT_SANDBOX_*` environment variables override everything.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// The sandbox image unless `AGENT_SANDBOX_IMAGE` says otherwise (a build-time setting).
@@ -32,6 +33,11 @@ pub const PACKAGED_ALLOWLIST: &str = "/usr/share/agent-sandbox/allowed-hosts";
 /// The default allowlist of this source tree, used when [`PACKAGED_ALLOWLIST`] is not installed.
 pub const EMBEDDED_ALLOWLIST: &str = include_str!("../../packaging/allowed-hosts");
 
+/// Test hook: the router's resolvers (`IP:PORT`, comma-separated) instead of podman's DNS on the egress
+/// network. The end-to-end suite points the router at its own DNS server, so that no test can make the
+/// router resolve a real name (podman's DNS forwards to the host's resolvers). Not for users.
+pub const TEST_RESOLVERS_VAR: &str = "AGENT_SANDBOX_TEST_ROUTER_RESOLVERS";
+
 /// A setting cannot be worked out from the environment.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -43,6 +49,9 @@ pub enum SettingsError {
     /// HOME is relative.
     #[error("HOME ({0}) is not an absolute path")]
     RelativeHome(PathBuf),
+    /// A test hook's value does not parse.
+    #[error("{TEST_RESOLVERS_VAR}: `{0}` is not a comma-separated list of IP:PORT")]
+    TestResolvers(String),
 }
 
 /// Where the allowlist path came from, for messages.
@@ -71,6 +80,20 @@ pub struct Settings {
     pub allowlist_source: AllowlistSource,
     /// The invoking user's home directory (as given; canonicalised where it is compared).
     pub home: PathBuf,
+    /// Credential injection (issue 20): the sandbox gets placeholders and the router adds the secrets.
+    /// `--no-inject` turns it off.
+    pub inject: bool,
+    /// Where the launcher keeps per-user state (the API key placeholders):
+    /// `$XDG_STATE_HOME/agent-sandbox`, else `~/.local/state/agent-sandbox`.
+    pub state_dir: PathBuf,
+    /// Where the launcher caches what it can read again (the sandbox image's CA bundle):
+    /// `$XDG_CACHE_HOME/agent-sandbox`, else `~/.cache/agent-sandbox`.
+    pub cache_dir: PathBuf,
+    /// Test hook [`TEST_RESOLVERS_VAR`]: the router's resolvers.
+    pub test_resolvers: Option<Vec<SocketAddr>>,
+    /// Test hook [`crate::inject::TEST_UPSTREAM_ROOTS_VAR`]: the roots the router verifies upstreams
+    /// against.
+    pub test_upstream_roots: Option<PathBuf>,
 }
 
 impl Settings {
@@ -101,7 +124,21 @@ impl Settings {
                 AllowlistSource::HomeConfig,
             )
         };
+        let test_resolvers = match get(TEST_RESOLVERS_VAR) {
+            None => None,
+            Some(v) => {
+                let v = v.to_string_lossy().into_owned();
+                let parsed: Result<Vec<SocketAddr>, _> =
+                    v.split(',').map(|a| a.trim().parse()).collect();
+                Some(parsed.map_err(|_| SettingsError::TestResolvers(v))?)
+            }
+        };
         Ok(Settings {
+            inject: true,
+            state_dir: crate::inject::placeholder::state_dir(&home, get("XDG_STATE_HOME")),
+            cache_dir: crate::inject::cache_dir(&home, get("XDG_CACHE_HOME")),
+            test_resolvers,
+            test_upstream_roots: get(crate::inject::TEST_UPSTREAM_ROOTS_VAR).map(PathBuf::from),
             image: text("AGENT_SANDBOX_IMAGE", DEFAULT_IMAGE),
             router_image: text("AGENT_SANDBOX_ROUTER_IMAGE", DEFAULT_ROUTER_IMAGE),
             home_volume: text("AGENT_SANDBOX_HOME_VOLUME", DEFAULT_HOME_VOLUME),

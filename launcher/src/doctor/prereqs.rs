@@ -52,6 +52,8 @@ pub(crate) struct Facts {
     pub(crate) runtime_dir: Option<(PathBuf, bool)>,
     /// An aardvark-dns found in the usual places.
     pub(crate) aardvark: Option<PathBuf>,
+    /// `ANTHROPIC_API_KEY` is set (which hosts a session terminates depends on it).
+    pub(crate) api_key_set: bool,
 }
 
 /// Runs the read-only queries (podman's at once) and reads the kernel's settings.
@@ -109,6 +111,7 @@ pub(crate) fn gather(podman: &Podman, settings: &Settings) -> Facts {
             .iter()
             .map(PathBuf::from)
             .find(|p| p.is_file()),
+        api_key_set: crate::inject::host_api_key().is_some(),
     }
 }
 
@@ -195,6 +198,7 @@ pub(crate) fn judge(facts: &Facts) -> Vec<Check> {
         }
     }
     out.push(allowlist(&facts.allowlist));
+    out.push(credentials(&facts.allowlist, facts.api_key_set));
     out.push(home_volume(&facts.volume.0, &facts.volume.1));
     out.push(leftovers(&facts.session_networks));
     out.push(storage(&info.store.graph_driver_name, sandbox_size));
@@ -514,6 +518,27 @@ fn allowlist(path: &Path) -> Check {
     }
 }
 
+/// Which hosts a session would terminate to add credentials, and why (information: never a failure).
+fn credentials(path: &Path, api_key_set: bool) -> Check {
+    let policy = match Allowlist::load(path) {
+        Ok(list) => agent_sandbox_shared::Policy::new(&list),
+        Err(_) => match Allowlist::parse(crate::settings::EMBEDDED_ALLOWLIST, "default") {
+            // No allowlist yet (the first session copies the default): judge by the default.
+            Ok(list) if fs::symlink_metadata(path).is_err() => {
+                agent_sandbox_shared::Policy::new(&list)
+            }
+            _ => {
+                return pass(
+                    "credential injection",
+                    "depends on the allowlist, which does not load (see above)",
+                )
+            }
+        },
+    };
+    let decision = crate::inject::decide(&policy, api_key_set, true);
+    pass("credential injection", decision.summary())
+}
+
 fn home_volume(name: &str, inspect: &Result<String, PodmanError>) -> Check {
     match inspect {
         Ok(mountpoint) => pass(
@@ -645,7 +670,34 @@ mod tests {
             dev_fuse: Ok(()),
             runtime_dir: None,
             aardvark: None,
+            api_key_set: false,
         }
+    }
+
+    #[test]
+    fn credential_injection_names_the_terminated_hosts() {
+        let dir = std::env::temp_dir().join(format!("as-doctor-inject-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let list = dir.join("allowed-hosts");
+        fs::write(&list, "api.anthropic.com\n").unwrap();
+        let c = credentials(&list, true);
+        assert_eq!(c.status, Status::Pass);
+        assert!(
+            c.detail.starts_with("terminated: api.anthropic.com"),
+            "{}",
+            c.detail
+        );
+        let c = credentials(&list, false);
+        assert!(
+            c.detail.contains("ANTHROPIC_API_KEY is not set"),
+            "{}",
+            c.detail
+        );
+        fs::write(&list, "example.com\n").unwrap();
+        assert!(credentials(&list, true)
+            .detail
+            .contains("not on the allowlist"));
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -265,7 +265,9 @@ def check_process():
     found += [m for m in mounts if m.endswith(".sock")]
     emit("no-podman-socket", not found, "podman and docker API sockets", ", ".join(found) or "none")
     allowed = {"/", SPEC["project"], SPEC["home"], "/etc/hosts", "/etc/resolv.conf", "/etc/hostname",
-               "/run/.containerenv", "/etc/passwd", "/etc/group", "/run/secrets", "/run/podman-init"}
+               "/run/.containerenv", "/etc/passwd", "/etc/group", "/run/secrets", "/run/podman-init",
+               # Credential injection: the session CA and the bundle with it (no secret in either).
+               "/etc/agent-sandbox/session-ca.pem", "/etc/ssl/certs/ca-certificates.crt"}
     extra = sorted(m for m in mounts if m not in allowed
                    and not m.startswith(("/proc", "/dev", "/sys")))
     emit("host-mounts", not extra, "mounts beside the image, the project and the home volume",

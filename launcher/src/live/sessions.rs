@@ -135,6 +135,9 @@ fn prepare(s: &Running, list: &Allowlist) -> anyhow::Result<usize> {
     // What the router's reload may not change (it would refuse the whole reload) stays as at start.
     plan.router.resolvers = old.resolvers;
     plan.router.allowlist = old.allowlist;
+    // The terminated hosts, CA and key files are the session's for its whole life (the router takes
+    // them at start only).
+    plan.router.inject = old.inject;
     files::write_plan(&s.dir, &plan)?;
     Ok(plan.router.hosts.len() + plan.router.subdomains.len() + plan.router.forwards.len())
 }

@@ -8,7 +8,7 @@ use super::{
     ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
     FORWARDER_LOG_MAX, FORWARDER_PATH, FORWARDER_RELAYS_DIR, FORWARDER_RELAYS_PATH, LABEL_SESSION,
     LABEL_SHARED, LABEL_VERSION, NO_HOST_ENV, NO_IPV6, ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH,
-    ROUTER_LOG_MAX, STOP_TIMEOUT_SECS,
+    ROUTER_INJECT_DIR, ROUTER_LOG_MAX, SANDBOX_SESSION_CA, STOP_TIMEOUT_SECS, SYSTEM_CA_BUNDLE,
 };
 
 /// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
@@ -179,8 +179,8 @@ pub fn volume_mountpoint(name: &str) -> Vec<OsString> {
 /// `ip_unprivileged_port_start` in its own network namespace, so it needs no capability at all.
 #[must_use]
 pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
-    Argv::new(&["run", "--detach"])
-        .opt("--name", &spec.name)
+    let mut a = Argv::new(&["run", "--detach"]);
+    a.opt("--name", &spec.name)
         .labels(&spec.labels)
         .arg("--pull=never")
         .opt(
@@ -199,8 +199,11 @@ pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
         .opt(
             "--volume",
             mount(&spec.config_dir, Path::new(ROUTER_CONFIG_DIR), ":ro"),
-        )
-        .arg(&spec.image)
+        );
+    if let Some(dir) = &spec.inject_dir {
+        a.opt("--volume", mount(dir, Path::new(ROUTER_INJECT_DIR), ":ro"));
+    }
+    a.arg(&spec.image)
         // One worker thread: a session's router serves one sandbox, and the sandbox keeps the
         // other cores (measured: less CPU per connection than one thread per core).
         .args([
@@ -323,10 +326,51 @@ pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
             "--volume",
             mount(&spec.resolv_file, Path::new("/etc/resolv.conf"), ":ro"),
         );
+    if let Some(ca) = &spec.ca {
+        a.opt(
+            "--volume",
+            mount(&ca.cert, Path::new(SANDBOX_SESSION_CA), ":ro"),
+        )
+        .opt(
+            "--volume",
+            mount(&ca.bundle, Path::new(SYSTEM_CA_BUNDLE), ":ro"),
+        );
+    }
+    for (name, value) in &spec.env {
+        a.opt("--env", format!("{name}={value}"));
+    }
     for name in &spec.pass_env {
         a.opt("--env", name);
     }
     a.arg(&spec.image).args(spec.command.iter().cloned()).done()
+}
+
+/// Gives files to a uid and gid of rootless podman's user namespace (the router's user owns the
+/// session's secret files).
+#[must_use]
+pub fn unshare_chown(uid: u32, gid: u32, files: &[PathBuf]) -> Vec<OsString> {
+    Argv::new(&["unshare", "chown", "--"])
+        .arg(format!("{uid}:{gid}"))
+        .args(files.iter().map(|f| f.as_os_str().to_owned()))
+        .done()
+}
+
+/// Prints one file of an image on stdout: `cat` in a throw-away container with no network, nothing
+/// writable and no capability (the session reads the sandbox image's CA bundle this way).
+#[must_use]
+pub fn read_image_file(image: &str, path: &Path) -> Vec<OsString> {
+    Argv::new(&["run", "--rm", "--pull=never"])
+        .opt("--network", "none")
+        .args(NO_HOST_ENV)
+        .arg("--read-only")
+        .opt("--cap-drop", "ALL")
+        .opt("--security-opt", "no-new-privileges")
+        .opt("--security-opt", "label=disable")
+        .opt("--log-driver", "none")
+        .opt("--entrypoint", "cat")
+        .arg(image)
+        .arg(path)
+        .done()
 }
 
 /// `podman ps|pod ps|network ls` of every object carrying the session label, as JSON.
@@ -504,6 +548,7 @@ mod tests {
             session_ip: Ipv4Addr::new(10, 89, 3, 2),
             egress_network: "agent-sandbox-egress".into(),
             config_dir: "/tmp/s/router".into(),
+            inject_dir: None,
         }
     }
 
@@ -522,6 +567,8 @@ mod tests {
             hosts_file: "/tmp/s/hosts".into(),
             resolv_file: "/tmp/s/resolv.conf".into(),
             tty: false,
+            ca: None,
+            env: Vec::new(),
             pass_env: vec!["TERM".into()],
             command: vec!["claude".into(), "--continue".into()],
         }
@@ -668,6 +715,74 @@ mod tests {
                 "1"
             ]
         );
+    }
+
+    #[test]
+    fn the_inject_directory_goes_into_the_router_only_and_the_sandbox_gets_the_ca() {
+        let mut r = router();
+        r.inject_dir = Some("/tmp/s/inject".into());
+        let a = strs(&router_run(&r));
+        assert!(has(
+            &a,
+            &["--volume", "/tmp/s/inject:/etc/agent-sandbox-inject:ro"]
+        ));
+        assert_eq!(count(&a, "--volume"), 2);
+        // Without injection the router has its configuration only.
+        assert_eq!(count(&strs(&router_run(&router())), "--volume"), 1);
+
+        let mut spec = sandbox(UserMapping::KeepId);
+        spec.ca = Some(super::super::SandboxCa {
+            cert: "/tmp/s/inject/ca.pem".into(),
+            bundle: "/tmp/s/ca-bundle.crt".into(),
+        });
+        spec.env = vec![
+            ("NODE_EXTRA_CA_CERTS".into(), SANDBOX_SESSION_CA.into()),
+            (
+                "ANTHROPIC_API_KEY".into(),
+                "sk-ant-api03-placeholder".into(),
+            ),
+        ];
+        let a = strs(&sandbox_run(&spec));
+        assert!(has(
+            &a,
+            &[
+                "--volume",
+                "/tmp/s/inject/ca.pem:/etc/agent-sandbox/session-ca.pem:ro"
+            ]
+        ));
+        assert!(has(
+            &a,
+            &[
+                "--volume",
+                "/tmp/s/ca-bundle.crt:/etc/ssl/certs/ca-certificates.crt:ro"
+            ]
+        ));
+        // The inject directory itself (the CA key, the real key) is never mounted into the sandbox.
+        assert!(!a.iter().any(|s| s.starts_with("/tmp/s/inject:")));
+        assert!(!a
+            .iter()
+            .any(|s| s.contains("ca.key") || s.contains("api-key")));
+        assert_eq!(count(&a, "--volume"), 6);
+        assert!(has(
+            &a,
+            &[
+                "--env",
+                "NODE_EXTRA_CA_CERTS=/etc/agent-sandbox/session-ca.pem"
+            ]
+        ));
+        assert!(has(
+            &a,
+            &["--env", "ANTHROPIC_API_KEY=sk-ant-api03-placeholder"]
+        ));
+
+        assert_eq!(
+            strs(&unshare_chown(65532, 65532, &["/s/inject/ca.key".into()])),
+            ["unshare", "chown", "--", "65532:65532", "/s/inject/ca.key"]
+        );
+        let read = strs(&read_image_file("img", Path::new(SYSTEM_CA_BUNDLE)));
+        assert!(has(&read, &["--network", "none"]));
+        assert!(has(&read, &["--cap-drop", "ALL"]));
+        assert!(read.ends_with(&["img".to_owned(), SYSTEM_CA_BUNDLE.to_owned()]));
     }
 
     #[test]

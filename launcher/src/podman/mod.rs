@@ -19,7 +19,8 @@ mod spec;
 
 pub use runner::{Podman, PodmanError};
 pub use spec::{
-    ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
+    ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxCa, SandboxSpec, SessionLabels,
+    UserMapping,
 };
 
 /// Label naming the session on every object a session creates (network, router, pod, containers).
@@ -38,6 +39,17 @@ pub const LABEL_SHARED: &str = "agent-sandbox.shared";
 
 /// Where the session directory's `router/` is mounted inside the router container.
 pub const ROUTER_CONFIG_DIR: &str = "/etc/agent-sandbox";
+/// Where the session directory's `inject/` (session CA and key, the real API key) is mounted inside the
+/// router container; it is mounted into no other container.
+pub const ROUTER_INJECT_DIR: &str = "/etc/agent-sandbox-inject";
+/// The router image's user (its Containerfile's `USER`): the owner of the session's secret files.
+pub const ROUTER_UID: u32 = 65532;
+/// The router image's group.
+pub const ROUTER_GID: u32 = 65532;
+/// Where the sandbox finds the session CA's certificate (`NODE_EXTRA_CA_CERTS`).
+pub const SANDBOX_SESSION_CA: &str = "/etc/agent-sandbox/session-ca.pem";
+/// The system CA bundle of the (Debian) sandbox image, over which the session's bundle is mounted.
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Label on the images `--build-images` makes: the launcher version that built them.
 pub const LABEL_VERSION: &str = "agent-sandbox.version";
 

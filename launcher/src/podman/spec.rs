@@ -87,6 +87,9 @@ pub struct RouterSpec {
     /// file name), mounted read-only as a directory so that a configuration replaced by rename (a live
     /// allowlist change) is what the router reads on SIGHUP; a single-file mount would keep the old inode.
     pub config_dir: PathBuf,
+    /// The session directory's `inject/` (CA key, real API key), mounted read-only at
+    /// [`super::ROUTER_INJECT_DIR`]: only ever into the router. None: nothing is terminated.
+    pub inject_dir: Option<PathBuf>,
 }
 
 /// The pod: holds the sandbox's network namespace, resolver and hosts file.
@@ -151,9 +154,23 @@ pub struct SandboxSpec {
     pub resolv_file: PathBuf,
     /// Allocate a terminal (stdin is one).
     pub tty: bool,
+    /// The session CA for terminated hosts: None when nothing is terminated.
+    pub ca: Option<SandboxCa>,
+    /// Environment variables set to values that are no secret (the CA paths, the placeholder key).
+    pub env: Vec<(String, String)>,
     /// Environment variables passed through by name (podman reads the values from its own environment,
     /// so they never show up in a command line).
     pub pass_env: Vec<String>,
     /// The command and its arguments.
     pub command: Vec<OsString>,
+}
+
+/// What the sandbox gets of the session CA: its certificate and a bundle that adds it to the image's
+/// roots, both mounted read-only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxCa {
+    /// The CA certificate, mounted at [`super::SANDBOX_SESSION_CA`].
+    pub cert: PathBuf,
+    /// The image's roots plus the CA, mounted over [`super::SYSTEM_CA_BUNDLE`].
+    pub bundle: PathBuf,
 }

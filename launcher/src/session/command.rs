@@ -12,7 +12,7 @@ use super::checks::Checked;
 use super::shared::Shared;
 use super::start::Session;
 use super::PASS_ENV;
-use crate::podman::{args, Podman, SandboxSpec};
+use crate::podman::{args, Podman, SandboxCa, SandboxSpec};
 use crate::report;
 use crate::settings::Settings;
 use crate::signals::SignalWatch;
@@ -82,9 +82,28 @@ fn sandbox_spec(
         hosts_file: session.hosts.clone(),
         resolv_file: session.resolv.clone(),
         tty,
-        pass_env: PASS_ENV.iter().map(|s| (*s).to_owned()).collect(),
+        ca: session.inject.as_ref().map(|i| SandboxCa {
+            cert: i.ca_cert.clone(),
+            bundle: i.bundle.clone(),
+        }),
+        env: session
+            .inject
+            .as_ref()
+            .map(|i| i.env.clone())
+            .unwrap_or_default(),
+        pass_env: pass_env(settings.inject),
         command,
     }
+}
+
+/// The variables passed through by name: [`PASS_ENV`], but never the real API key unless injection
+/// is off (`--no-inject`): with injection the sandbox holds a placeholder, or nothing.
+fn pass_env(inject: bool) -> Vec<String> {
+    PASS_ENV
+        .iter()
+        .filter(|name| !inject || **name != crate::inject::API_KEY_VAR)
+        .map(|s| (*s).to_owned())
+        .collect()
 }
 
 /// Step 4 for `agent-sandbox doctor`: the probe in the sandbox container, exactly as a command would
@@ -128,6 +147,14 @@ pub(super) fn exit_code(status: ExitStatus) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_real_key_is_passed_through_only_without_injection() {
+        assert!(!pass_env(true).iter().any(|n| n == "ANTHROPIC_API_KEY"));
+        assert!(pass_env(true).iter().any(|n| n == "TERM"));
+        assert!(pass_env(false).iter().any(|n| n == "ANTHROPIC_API_KEY"));
+        assert_eq!(pass_env(false).len(), PASS_ENV.len());
+    }
 
     #[test]
     fn exit_codes() {

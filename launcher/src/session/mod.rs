@@ -32,6 +32,7 @@ use crate::settings::Settings;
 use crate::signals::SignalWatch;
 
 /// Environment variables handed to the sandboxed command when set (values never go on a command line).
+/// `ANTHROPIC_API_KEY` only with `--no-inject`: otherwise the sandbox gets a placeholder (`inject`).
 pub const PASS_ENV: &[&str] = &[
     "TERM",
     "COLORTERM",

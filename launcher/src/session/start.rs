@@ -3,7 +3,7 @@
 //! report their listeners (`readiness.rs`).
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 
@@ -16,10 +16,13 @@ use super::readiness::wait_listening;
 use super::rundir::{create_session_dir, new_session_id, session_dir, write_file};
 use super::shared::Shared;
 use super::{interrupted, join, SessionError, NAME_PREFIX};
+use crate::inject::{self, SessionInject};
 use crate::live::files;
 use crate::liveness;
 use crate::podman::json::Network;
-use crate::podman::{args, ForwarderSpec, NetworkSpec, PodSpec, Podman, RouterSpec, SessionLabels};
+use crate::podman::{
+    args, ForwarderSpec, NetworkSpec, PodSpec, Podman, RouterSpec, SessionLabels, UserMapping,
+};
 use crate::settings::{Settings, EGRESS_NETWORK};
 use crate::signals::SignalWatch;
 
@@ -41,6 +44,9 @@ pub(super) struct Session {
     pub(super) router_ip: Ipv4Addr,
     /// Which names resolve to which loopback address in the sandbox.
     pub(super) loopbacks: Vec<LoopbackAssignment>,
+    /// Credential injection: what the sandbox gets of the session CA, and its environment (None:
+    /// nothing is terminated).
+    pub(super) inject: Option<SessionInject>,
 }
 
 /// Step 3: the session network, the router, the pod and the forwarder, recorded in `cleanup` as they
@@ -69,6 +75,7 @@ pub(super) fn start(
         resolv: planned.resolv,
         router_ip: planned.router_ip,
         loopbacks: planned.plan.loopbacks,
+        inject: planned.inject,
     })
 }
 
@@ -92,6 +99,8 @@ struct Planned {
     hosts: PathBuf,
     /// The session's /etc/resolv.conf.
     resolv: PathBuf,
+    /// The session CA, the secret files and the sandbox's side of them (None: nothing terminated).
+    inject: Option<SessionInject>,
 }
 
 /// The session network, then the session directory with the router's configuration, hosts and
@@ -129,7 +138,12 @@ fn plan(
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
     let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
     plan.router.resolvers.clone_from(&shared.resolvers);
+    if let Some(resolvers) = &settings.test_resolvers {
+        plan.router.resolvers.clone_from(resolvers);
+    }
     plan.router.allowlist = Some(settings.allowlist.display().to_string());
+    let inject = session_inject(podman, settings, checked, &dir, &session)?;
+    plan.router.inject = inject.as_ref().map(|i| i.config.clone());
 
     // The policy files (router configuration, relays, addresses handed out) and who the session is:
     // what the live commands (`allow`, `deny`, `reload`, `sessions`) read and replace.
@@ -163,7 +177,37 @@ fn plan(
         relays: dir.join(files::FORWARDER_DIR),
         hosts,
         resolv,
+        inject,
     })
+}
+
+/// Credential injection for this session: which hosts are terminated, then the CA and the files
+/// (`inject.rs`). With `--no-inject`, or nothing to inject, the session is as before.
+fn session_inject(
+    podman: &Podman,
+    settings: &Settings,
+    checked: &Checked,
+    dir: &Path,
+    session: &str,
+) -> anyhow::Result<Option<SessionInject>> {
+    let api_key = inject::host_api_key();
+    let decision = inject::decide(&checked.policy, api_key.is_some(), settings.inject);
+    inject::prepare(
+        podman,
+        &inject::Request {
+            session,
+            dir,
+            decision: &decision,
+            api_key: api_key.as_deref(),
+            home_volume: &settings.home_volume,
+            state_dir: &settings.state_dir,
+            cache_dir: &settings.cache_dir,
+            image: &settings.image,
+            rootless: checked.user.mapping == UserMapping::KeepId,
+            upstream_roots: settings.test_upstream_roots.as_deref(),
+        },
+    )
+    .context("cannot prepare credential injection (`--no-inject` runs without it)")
 }
 
 /// The containers of a session.
@@ -200,6 +244,7 @@ fn launch(
         session_ip: planned.router_ip,
         egress_network: EGRESS_NETWORK.to_owned(),
         config_dir: planned.config.clone(),
+        inject_dir: planned.inject.as_ref().map(|i| i.router_dir.clone()),
     };
     let pod_spec = PodSpec {
         name: pod.clone(),

@@ -34,6 +34,7 @@ impl Artifacts {
         let probe = build_probe(dir);
         let ca = make_certs(dir);
         fs::copy(repo_file("tests/e2e/upstream.py"), dir.join("upstream.py")).unwrap();
+        fs::copy(repo_file("tests/e2e/standin.py"), dir.join("standin.py")).unwrap();
         // The busybox + probe tarball the nested test imports (owned by root: nested root is the user).
         let bb = dir.join("bbroot/bin");
         fs::create_dir_all(&bb).unwrap();
@@ -50,7 +51,7 @@ impl Artifacts {
             ".",
         ]));
         assert!(tar.status.success(), "{}", text(&tar));
-        for f in ["nested.tar", "upstream.py"] {
+        for f in ["nested.tar", "upstream.py", "standin.py"] {
             fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o644)).unwrap();
         }
         artifacts.ca = ca;
@@ -184,7 +185,7 @@ fn make_certs(dir: &Path) -> PathBuf {
     ]);
     fs::write(
         certs.join("ext.cnf"),
-        "subjectAltName=DNS:web.test,DNS:wild.test,DNS:*.wild.test,DNS:db.test,DNS:blocked.test\n",
+        "subjectAltName=DNS:web.test,DNS:wild.test,DNS:*.wild.test,DNS:db.test,DNS:blocked.test,DNS:api.anthropic.com\n",
     )
     .unwrap();
     run(&[

@@ -9,6 +9,7 @@ mod concurrent;
 mod doctor;
 mod escapes;
 mod files;
+mod inject;
 mod live;
 mod nested;
 mod reach;
@@ -34,4 +35,5 @@ pub(crate) const ALL: &[Scenario] = &[
     ("claude_hosts", claude_hosts::run),
     ("live", live::run),
     ("doctor", doctor::run),
+    ("inject", inject::run),
 ];
