@@ -487,7 +487,7 @@ mod tests {
     }
 
     #[test]
-    fn the_section_validates_against_the_policy_it_was_decided_on() {
+    fn the_section_validates() {
         let allowed = policy(&["api.anthropic.com"]);
         let d = decide(&allowed, true, true);
         let placeholder = format!("{}{}", placeholder::PREFIX, "a".repeat(90));
@@ -498,7 +498,7 @@ mod tests {
             Some(Path::new("/etc/agent-sandbox-inject/upstream-roots.pem"))
         );
         let mut problems = Vec::new();
-        let valid = config.validate(&allowed, &mut problems).unwrap();
+        let valid = config.validate(&mut problems).unwrap();
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(valid.terminated.len(), 1);
         assert!(config_for(&decide(&allowed, false, true), &placeholder, false).is_none());
@@ -563,9 +563,9 @@ mod tests {
         assert!(bundle.starts_with(system));
         assert!(bundle.ends_with(&ca_pem));
         assert!(!bundle.contains("PRIVATE KEY"));
-        // The router's section points inside its mount and validates against the policy.
+        // The router's section points inside its mount and validates.
         let mut problems = Vec::new();
-        inject.config.validate(&allowed, &mut problems).unwrap();
+        inject.config.validate(&mut problems).unwrap();
         assert!(problems.is_empty(), "{problems:?}");
 
         // What the sandbox is given: no real key and no CA key in any argument or variable.

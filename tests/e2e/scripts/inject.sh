@@ -3,7 +3,7 @@
 # part as its argument: `no-inject` (the key in the environment, the stand-in's test CA trusted by hand)
 # or `inject` (the sandbox holds a placeholder and trusts the session CA only). Claude Code talks to
 # api.anthropic.com, which the session's router resolves through the suite's own DNS to its stand-in.
-# shellcheck source=helpers.sh
+# shellcheck source-path=SCRIPTDIR source=helpers.sh
 . ./helpers.sh
 part=$1
 env > "env-$part.txt"
