@@ -122,6 +122,8 @@ pub struct ProbeTarget {
     pub loopbacks: Vec<agent_sandbox_shared::plan::LoopbackAssignment>,
     /// Rootless podman (keep-id): nested podman is available in the sandbox.
     pub rootless: bool,
+    /// The sandbox user's uid on the host: under rootful podman, nested podman needs it to be non-root.
+    pub sandbox_uid: u32,
     /// The project directory, as mounted in the sandbox.
     pub project: std::path::PathBuf,
     /// The sandbox user's home (the home volume).
@@ -151,6 +153,7 @@ pub fn run_probe(
         router_ip: session.router_ip,
         loopbacks: session.loopbacks.clone(),
         rootless: checked.user.mapping == crate::podman::UserMapping::KeepId,
+        sandbox_uid: checked.user.host_uid,
         project: checked.project.clone(),
         home: checked.user.home.clone(),
     };
