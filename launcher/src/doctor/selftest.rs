@@ -471,12 +471,10 @@ fn run_inner(
         progress("session up; probing from inside the sandbox");
         // Read only now: the session's checks create the allowlist from the default when it is missing.
         let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
-        let name = allowlist
-            .entries()
-            .first()
-            .map_or("allowlist-is-empty.invalid", |e| e.name().as_str())
-            .to_owned();
-        let lookup = Lookup::start(&name, &options.upstream_hosts);
+        let first = allowlist.entries().first().map(|e| e.name().as_str());
+        // An empty allowlist has no name to look up (and nothing to reach).
+        let lookup = first.map(|n| Lookup::start(n, &options.upstream_hosts));
+        let name = first.unwrap_or("allowlist-is-empty.invalid").to_owned();
         let exact: Vec<String> = allowlist
             .entries()
             .iter()
@@ -559,7 +557,7 @@ fn spec(
     podman: &Podman,
     t: &ProbeTarget,
     aim: Aim,
-    lookup: Lookup,
+    lookup: Option<Lookup>,
     extra: &mut Vec<Check>,
 ) -> ProbeSpec {
     let (tcp_port, udp_port) = aim.ports;
@@ -602,7 +600,7 @@ fn spec(
             spec.dns.push(("egress-gateway".into(), g.to_string(), 53));
         }
     }
-    match lookup.wait() {
+    match lookup.map_or_else(|| Err("the allowlist is empty".to_owned()), Lookup::wait) {
         Ok(addresses) => {
             for a in addresses {
                 spec.tcp.push(("upstream".into(), a.to_string(), 443));
