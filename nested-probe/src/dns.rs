@@ -135,14 +135,15 @@ pub fn ask(server: SocketAddr, name: &str, timeout: Duration) -> Result<Answer, 
     let sock = UdpSocket::bind(bind)?;
     sock.set_read_timeout(Some(timeout))?;
     let id = random_id();
-    sock.connect(server)?;
-    sock.send(&query(name, id))?;
+    // Not connected: an answer counts from whatever address it comes (a host answers from the address
+    // its route to us picks, which need not be the one asked), as in probe.py.
+    sock.send_to(&query(name, id), server)?;
     let mut buf = [0u8; MAX_ANSWER];
     // A stray datagram with another id does not end the wait; the read timeout bounds each read and
     // the count bounds the loop.
     let mut last = DnsError::Malformed("no answer");
     for _ in 0..4 {
-        let n = sock.recv(&mut buf)?;
+        let (n, _) = sock.recv_from(&mut buf)?;
         match parse(&buf[..n], id) {
             Ok(a) => return Ok(a),
             Err(e) => last = e,

@@ -11,9 +11,12 @@ use std::time::Duration;
 const PROBE: &str = env!("CARGO_BIN_EXE_agent-sandbox-nested-probe");
 
 /// A DNS server on 127.0.0.1 for one test: `unlisted` gets NXDOMAIN (or, when `lie`, an empty
-/// NOERROR), every other name an A record 127.0.0.1. Answers until the test process ends.
+/// NOERROR), every other name an A record 127.0.0.1. It answers from another socket than the one
+/// asked, as a host whose route back picks another address does: the probe must still hear it.
+/// Answers until the test process ends.
 fn dns_server(unlisted: &'static str, lie: bool) -> u16 {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let reply = UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = sock.local_addr().unwrap().port();
     std::thread::spawn(move || {
         let mut buf = [0u8; 512];
@@ -37,7 +40,7 @@ fn dns_server(unlisted: &'static str, lie: bool) -> u16 {
                 r[7] = 1;
                 r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 127, 0, 0, 1]);
             }
-            let _ = sock.send_to(&r, peer);
+            let _ = reply.send_to(&r, peer);
         }
     });
     port
