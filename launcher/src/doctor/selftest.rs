@@ -467,42 +467,50 @@ fn run_inner(
     let (tcp_port, udp_port) = (listeners.tcp_port, listeners.udp_port);
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
     let mut nested_expected = Vec::new();
-    let output = session::run_probe(podman, settings, project.0.clone(), signals, |t| {
-        progress("session up; probing from inside the sandbox");
-        // Read only now: the session's checks create the allowlist from the default when it is missing.
-        let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
-        let first = allowlist.entries().first().map(|e| e.name().as_str());
-        // An empty allowlist has no name to look up (and nothing to reach).
-        let lookup = first.map(|n| Lookup::start(n, &options.upstream_hosts));
-        let name = first.unwrap_or("allowlist-is-empty.invalid").to_owned();
-        let exact: Vec<String> = allowlist
-            .entries()
-            .iter()
-            .filter(|e| !matches!(e, agent_sandbox_shared::Entry::Subdomains(_)))
-            .map(|e| e.name().as_str().to_owned())
-            .collect();
-        let aim = Aim {
-            name,
-            exact: if options.reach { exact } else { Vec::new() },
-            ports: (tcp_port, udp_port),
-            host_resolvers: resolvers(&host_resolv),
-            nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
-        };
-        let spec = spec(podman, t, aim, lookup, &mut extra);
-        expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
-        expected.extend(
-            spec.udp
+    let output = session::run_probe(
+        podman,
+        settings,
+        project.0.clone(),
+        signals,
+        |t| {
+            progress("session up; probing from inside the sandbox");
+            // Read only now: the session's checks create the allowlist from the default when it is missing.
+            let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
+            let first = allowlist.entries().first().map(|e| e.name().as_str());
+            // An empty allowlist has no name to look up (and nothing to reach).
+            let lookup = first.map(|n| Lookup::start(n, &options.upstream_hosts));
+            let name = first.unwrap_or("allowlist-is-empty.invalid").to_owned();
+            let exact: Vec<String> = allowlist
+                .entries()
                 .iter()
-                .map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")),
-        );
-        expected.extend(spec.dns.iter().map(|(k, ip, _)| format!("dns-{k}-{ip}")));
-        if spec.nested.is_some() {
-            expected.push(NESTED_PODMAN.into());
-            nested_expected = nested_checks(&spec);
-        }
-        Ok(spec.command())
-    });
+                .filter(|e| !matches!(e, agent_sandbox_shared::Entry::Subdomains(_)))
+                .map(|e| e.name().as_str().to_owned())
+                .collect();
+            let aim = Aim {
+                name,
+                exact: if options.reach { exact } else { Vec::new() },
+                ports: (tcp_port, udp_port),
+                host_resolvers: resolvers(&host_resolv),
+                nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
+            };
+            let spec = spec(podman, t, aim, lookup, &mut extra);
+            expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
+            expected.extend(
+                spec.udp
+                    .iter()
+                    .map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")),
+            );
+            expected.extend(spec.dns.iter().map(|(k, ip, _)| format!("dns-{k}-{ip}")));
+            if spec.nested.is_some() {
+                expected.push(NESTED_PODMAN.into());
+                nested_expected = nested_checks(&spec);
+            }
+            Ok(spec.command())
+        },
+        progress,
+    );
     let hits = listeners.finish();
+    progress("session removed");
     let output = output.map_err(anyhow::Error::new)?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut checks = extra;

@@ -132,13 +132,15 @@ pub struct ProbeTarget {
 
 /// `agent-sandbox doctor`'s self-test: a session exactly as [`run`] starts one (same checks, images,
 /// topology and user mapping) in `project`, whose command `probe` makes once the session is up; the
-/// command's output is returned instead of shown. Everything is removed before it returns.
+/// command's output is returned instead of shown. Everything is removed before it returns; `progress`
+/// hears when the command has finished and the removal starts.
 pub fn run_probe(
     podman: &Podman,
     settings: &Settings,
     project: std::path::PathBuf,
     signals: &SignalWatch,
     probe: impl FnOnce(&ProbeTarget) -> anyhow::Result<Vec<OsString>>,
+    progress: &dyn Fn(&str),
 ) -> Result<std::process::Output, SessionError> {
     let (checked, probes) =
         checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
@@ -160,6 +162,7 @@ pub fn run_probe(
     let command = probe(&target).map_err(SessionError::Command)?;
     let out = command::run_captured(podman, settings, checked, &shared, &session, command)
         .map_err(SessionError::Command)?;
+    progress("probe finished; removing the session");
     cleanup.run();
     Ok(out)
 }
