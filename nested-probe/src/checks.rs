@@ -260,7 +260,14 @@ fn dns_unanswered(t: &Target, name: &str) -> Line {
             tried,
             format!("answered: rcode {}, {}", a.rcode, list(&a.addresses)),
         ),
-        Err(e) => Line::new(check, e.io().is_some_and(blocked), tried, dns_error(&e)),
+        // A datagram that is not an answer still came from there: only no reply at all passes.
+        Err(e) => {
+            let got = match e.io() {
+                Some(_) => dns_error(&e),
+                None => format!("something came back: {e}"),
+            };
+            Line::new(check, e.io().is_some_and(blocked), tried, got)
+        }
     }
 }
 

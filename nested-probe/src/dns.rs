@@ -141,15 +141,20 @@ pub fn ask(server: SocketAddr, name: &str, timeout: Duration) -> Result<Answer, 
     let mut buf = [0u8; MAX_ANSWER];
     // A stray datagram with another id does not end the wait; the read timeout bounds each read and
     // the count bounds the loop.
-    let mut last = DnsError::Malformed("no answer");
+    // Once something has come back, that is the outcome even if nothing better follows: a datagram
+    // from the server, answer or not, shows that the query got there.
+    let mut last = None;
     for _ in 0..4 {
-        let (n, _) = sock.recv_from(&mut buf)?;
+        let n = match sock.recv_from(&mut buf) {
+            Ok((n, _)) => n,
+            Err(e) => return Err(last.unwrap_or(DnsError::Io(e))),
+        };
         match parse(&buf[..n], id) {
             Ok(a) => return Ok(a),
-            Err(e) => last = e,
+            Err(e) => last = Some(e),
         }
     }
-    Err(last)
+    Err(last.unwrap_or(DnsError::Malformed("no answer")))
 }
 
 /// A query id that is not predictable (from the clock and the process id: the probe has no need

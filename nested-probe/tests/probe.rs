@@ -188,6 +188,15 @@ fn checks_pass_where_the_path_is_the_router_and_fail_where_a_target_is_reached()
 #[test]
 fn another_netns_a_lying_resolver_and_no_router_fail() {
     let dns = dns_server("unlisted.invalid", true);
+    // A server that sends each datagram back as it came (not even a DNS response): it got there.
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let echo_port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, peer)) = echo.recv_from(&mut buf) {
+            let _ = echo.send_to(&buf[..n], peer);
+        }
+    });
     let (_dir, conf) = resolv_conf("fail");
     // A port of the test's own with nothing listening: refused, as where no router is.
     let closed = TcpListener::bind("127.0.0.1:0")
@@ -212,10 +221,20 @@ fn another_netns_a_lying_resolver_and_no_router_fail() {
         &closed.to_string(),
         "--tcp",
         &format!("host,127.0.0.1,{closed}"),
+        "--dns",
+        &format!("host,127.0.0.1,{echo_port}"),
     ]
     .map(str::to_owned)
     .to_vec();
     let lines = probe(&args);
+    let echoed = lines
+        .iter()
+        .find(|l| l.0 == "nested-dns-host-127.0.0.1")
+        .unwrap();
+    assert!(
+        !echoed.1 && echoed.2.contains("something came back"),
+        "{echoed:?}"
+    );
     for fail in [
         "nested-netns",
         "nested-dns-allowlisted",

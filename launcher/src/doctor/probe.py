@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 TIMEOUT = 2.0
 # Each nested podman step (import, run, rmi); the run itself takes about one TIMEOUT.
@@ -311,8 +312,14 @@ def check_nested():
         emit("nested-podman", False, tried, "reading /proc/self/ns/net: " + describe(e))
         return
 
+    took = []
+
     def podman(*args):
-        return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=NESTED_TIMEOUT)
+        start = time.monotonic()
+        try:
+            return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=NESTED_TIMEOUT)
+        finally:
+            took.append(f"{args[0]} {time.monotonic() - start:.1f}s")
 
     try:
         r = podman("import", "--quiet", tarball, image)
@@ -338,7 +345,7 @@ def check_nested():
             lines.append(item)
     ran = r.returncode == 0 and bool(lines)
     emit("nested-podman", ran, tried,
-         f"a nested container ran the probe ({len(lines)} checks below)" if ran
+         f"a nested container ran the probe ({len(lines)} checks below; {', '.join(took)})" if ran
          else f"podman run: exit {r.returncode}: {last_line(r.stderr)}")
     for item in lines:
         emit(item["name"], item.get("ok") is True, str(item.get("tried", "")), str(item.get("got", "")))
