@@ -278,11 +278,14 @@ def check_process():
 
 
 def check_setuid():
+    start = time.monotonic()
     try:
         out = subprocess.run(["find", "/", "-xdev", "-perm", "/6000", "-type", "f"],
                              capture_output=True, text=True, timeout=10).stdout.split()
+        # The walk's time shows where a slow run went (a cold cache after an image load).
+        took = f" ({time.monotonic() - start:.1f}s)"
         emit("no-setuid", not out, "setuid/setgid files (find / -xdev -perm /6000)",
-             "none" if not out else ", ".join(out[:5]))
+             ("none" if not out else ", ".join(out[:5])) + took)
     except Exception as e:  # noqa: BLE001
         emit("no-setuid", False, "find / -xdev -perm /6000", describe(e))
 
