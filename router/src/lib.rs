@@ -8,7 +8,8 @@
 //! ([`proxy`]) on all of them until the shutdown token is cancelled. Every worker decides on the same
 //! rules, held once in a [`live::Live`] holder that a reload ([`reload`]) replaces; the admin endpoint
 //! ([`admin`], [`metrics`]) reports readiness and counters. ARCHITECTURE.md follows one query, one
-//! connection and one session through the files.
+//! connection and one session through the files. Names a credential is added for (issue 20) have their
+//! TLS terminated by [`inject`]; every other name is spliced.
 
 pub mod admin;
 mod bind;
@@ -18,6 +19,7 @@ pub mod dns;
 mod dns_tcp;
 mod dns_udp;
 pub mod fairness;
+mod inject;
 pub mod live;
 pub mod logging;
 pub mod metrics;
@@ -31,6 +33,7 @@ mod workers;
 #[doc(hidden)]
 pub mod fuzz_api {
     pub use crate::dns_udp::{fuzz_parse as dns_udp_parse, FuzzQuestion as DnsQuestion};
+    pub use crate::inject::rewrite::fuzz_rewrite as inject_rewrite;
 }
 
 use std::fmt::Write as _;

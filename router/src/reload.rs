@@ -37,6 +37,8 @@ struct Fixed {
     resolvers: Vec<SocketAddr>,
     /// Timeouts and the connection cap.
     limits: Limits,
+    /// Credential injection: its CA, leaf, keys and store are loaded once, at start.
+    inject: Option<agent_sandbox_shared::inject::InjectConfig>,
 }
 
 impl Fixed {
@@ -45,6 +47,7 @@ impl Fixed {
             listen: config.listen.clone(),
             resolvers: config.resolvers.clone(),
             limits: config.limits,
+            inject: config.inject.as_ref().map(|i| i.config.clone()),
         }
     }
 
@@ -66,6 +69,9 @@ impl Fixed {
         }
         if self.limits != new.limits {
             out.push("the timeouts or the connection cap changed".into());
+        }
+        if self.inject != new.inject {
+            out.push("the [inject] section changed".into());
         }
         out
     }

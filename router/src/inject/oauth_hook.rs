@@ -1,0 +1,110 @@
+//! The terminated connection's only way into the OAuth token store (written by the inject-oauth work,
+//! `inject/oauth.rs`): every call the request loop makes into it goes through this file.
+//!
+//! How it fits: until `oauth.rs` is merged, [`OAuthHook`] stands for its `OAuth` type with the same
+//! methods (`access_token_for`, `is_token_request`, `begin_token_request`, `finish`, `secrets`), and
+//! [`open`] refuses an `oauth` section (fail closed: a router that cannot swap tokens must not start as
+//! if it could). At the merge, `open` calls `OAuth::open` and the trait goes; the call sites are the
+//! functions below.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use agent_sandbox_shared::inject::OAuthInject;
+
+/// A real secret (API key, access or refresh token). Printing it never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(Vec<u8>);
+
+impl Secret {
+    /// Wraps a value.
+    pub(crate) fn new(value: Vec<u8>) -> Secret {
+        Secret(value)
+    }
+
+    /// The value, for the wire (and the response scan) only.
+    pub(crate) fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// An OAuth failure, as the request loop sees it (the store's own error type replaces it at the merge).
+pub(crate) type OAuthError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A token request's rewritten body and the exchange that finishes it.
+pub(crate) type Begun = Result<(Vec<u8>, Box<dyn TokenFinish>), OAuthError>;
+
+/// The store as the request loop uses it: the methods of inject-oauth's `OAuth`.
+pub(crate) trait OAuthHook: Send + Sync + fmt::Debug {
+    /// The real access token when `bearer` is exactly the access-token placeholder.
+    fn access_token_for(&self, bearer: &[u8]) -> Option<Secret>;
+    /// Whether this request goes to the token endpoint (the host is already the token host).
+    fn is_token_request(&self, method: &str, path: &str) -> bool;
+    /// Rewrites a token request's body, holding the store lock until the exchange finishes.
+    fn begin_token_request<'a>(
+        &'a self,
+        content_type: Option<&'a str>,
+        body: &'a [u8],
+    ) -> Pin<Box<dyn Future<Output = Begun> + Send + 'a>>;
+    /// Every real secret known now, for the response scan.
+    fn secrets(&self) -> Vec<Secret>;
+}
+
+/// The second half of a token exchange (inject-oauth's `TokenExchange`).
+pub(crate) trait TokenFinish: Send {
+    /// Rewrites the token endpoint's response body (real tokens stored, placeholders sent on).
+    fn finish(self: Box<Self>, status: u16, body: &[u8]) -> Result<Vec<u8>, OAuthError>;
+}
+
+/// Opens the OAuth store the section names. Until inject-oauth's store is merged this router cannot
+/// swap OAuth tokens, so an `oauth` section stops it at start rather than leaving placeholders unswapped.
+pub(crate) fn open(config: &OAuthInject) -> Result<Arc<dyn OAuthHook>, OAuthError> {
+    Err(format!(
+        "OAuth injection (store {}) is not built into this router",
+        config.store_dir.display()
+    )
+    .into())
+}
+
+/// The access token for a `Bearer` value, if it is the placeholder.
+pub(crate) fn access_token(hook: &dyn OAuthHook, bearer: &[u8]) -> Option<Secret> {
+    hook.access_token_for(bearer)
+}
+
+/// Whether a request to the token host is a token request.
+pub(crate) fn is_token_request(hook: &dyn OAuthHook, method: &str, path: &str) -> bool {
+    hook.is_token_request(method, path)
+}
+
+/// Starts a token exchange: the rewritten body and what finishes it.
+pub(crate) async fn begin(hook: &dyn OAuthHook, content_type: Option<&str>, body: &[u8]) -> Begun {
+    hook.begin_token_request(content_type, body).await
+}
+
+/// Finishes a token exchange with the upstream's answer.
+pub(crate) fn finish(
+    exchange: Box<dyn TokenFinish>,
+    status: u16,
+    body: &[u8],
+) -> Result<Vec<u8>, OAuthError> {
+    exchange.finish(status, body)
+}
+
+/// The real secrets the store knows now.
+pub(crate) fn secrets(hook: &dyn OAuthHook) -> Vec<Secret> {
+    hook.secrets()
+}
