@@ -218,7 +218,7 @@ impl Terminated<'_> {
                 && head
                     .target_authority
                     .as_deref()
-                    .is_none_or(|a| same_host(a, &self.name));
+                    .map_or(true, |a| same_host(a, &self.name));
             if !host_ok {
                 let reason = format!(
                     "Host {} is not the TLS server name {shown}",
@@ -806,8 +806,9 @@ fn parse_response(buf: &[u8]) -> Result<Option<ResponseFrame>, String> {
                 return Err("several Transfer-Encoding fields in the response".into());
             }
             chunked = Some(
-                tokens().last() == Some(b"chunked".as_slice())
-                    || value.eq_ignore_ascii_case(b"chunked"),
+                tokens()
+                    .next_back()
+                    .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
             );
         } else if h.name.eq_ignore_ascii_case("connection") {
             for t in tokens() {
