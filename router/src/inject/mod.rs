@@ -314,3 +314,188 @@ fn sign_leaf(
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
     Ok((vec![leaf_der, ca_der.into_owned()], key))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_sandbox_shared::inject::{ApiKeyInject, InjectConfig, OAuthInject};
+    use agent_sandbox_shared::RouterConfig;
+
+    /// A directory of files for one test, removed on drop.
+    struct Files(PathBuf);
+
+    impl Files {
+        fn new(tag: &str) -> Files {
+            let dir = std::env::temp_dir().join(format!("asr-inject-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Files(dir)
+        }
+
+        fn write(&self, name: &str, content: &[u8]) -> PathBuf {
+            let p = self.0.join(name);
+            std::fs::write(&p, content).unwrap();
+            p
+        }
+    }
+
+    impl Drop for Files {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A CA (PEM certificate, PEM PKCS#8 key), name-constrained to `permitted`.
+    fn ca(permitted: &[&str]) -> (String, String) {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "test session CA");
+        p.name_constraints = Some(rcgen::NameConstraints {
+            permitted_subtrees: permitted
+                .iter()
+                .map(|n| rcgen::GeneralSubtree::DnsName((*n).to_owned()))
+                .collect(),
+            excluded_subtrees: Vec::new(),
+        });
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// `[inject]` for api.example.test with the files in `files`, validated.
+    fn valid(files: &Files, ca: &(String, String), key: &[u8], oauth: bool) -> ValidInject {
+        let config = InjectConfig {
+            ca_cert: files.write("ca.pem", ca.0.as_bytes()),
+            ca_key: files.write("ca.key", ca.1.as_bytes()),
+            upstream_roots: None,
+            api_key: Some(ApiKeyInject {
+                hosts: vec!["api.example.test".into()],
+                placeholder: "sk-ant-api03-placeholder-0000000000".into(),
+                key_file: files.write("api-key", key),
+            }),
+            oauth: oauth.then(|| OAuthInject {
+                api_hosts: vec!["api.example.test".into()],
+                token_host: "api.example.test".into(),
+                token_path: "/v1/oauth/token".into(),
+                store_dir: files.0.join("oauth"),
+            }),
+        };
+        let policy = RouterConfig::from_toml(
+            "hosts = [\"api.example.test\"]\n[listen]\n[answers]\ndefault = \"127.0.0.2\"\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap()
+        .rules
+        .policy;
+        let mut problems = Vec::new();
+        config.validate(&policy, &mut problems).unwrap()
+    }
+
+    fn load_error(v: &ValidInject) -> String {
+        Injector::load(v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn loads_and_terminates_only_the_inject_hosts() {
+        let files = Files::new("ok");
+        let v = valid(
+            &files,
+            &ca(&["api.example.test"]),
+            b" sk-real \nmore\n",
+            false,
+        );
+        let inj = Injector::load(&v).unwrap();
+        assert!(inj.terminates(&HostName::parse("api.example.test").unwrap()));
+        assert!(!inj.terminates(&HostName::parse("other.example.test").unwrap()));
+        let secrets = inj.secrets();
+        assert_eq!(secrets.len(), 1);
+        assert_eq!(secrets[0].expose(), b"sk-real");
+        assert!(!format!("{inj:?}").contains("sk-real"));
+    }
+
+    #[test]
+    fn bad_files_stop_the_start_with_the_file_named() {
+        let files = Files::new("bad");
+        let good = ca(&["api.example.test"]);
+        let v = valid(&files, &good, b"\n", false);
+        let e = load_error(&v);
+        assert!(e.contains("api-key") && e.contains("empty"), "{e}");
+        let v = valid(&files, &good, b"sk-a\rb\n", false);
+        let e = load_error(&v);
+        assert!(e.contains("visible ASCII"), "{e}");
+        let v = valid(&files, &good, &vec![b'k'; 5000], false);
+        assert!(load_error(&v).contains("larger than"));
+        let v = valid(&files, &(good.0.clone(), "not a key".into()), b"k\n", false);
+        let e = load_error(&v);
+        assert!(e.contains("ca.key") && e.contains("PKCS#8"), "{e}");
+        let v = valid(&files, &("garbage".into(), good.1.clone()), b"k\n", false);
+        assert!(load_error(&v).contains("ca.pem"));
+        // A key that is not the certificate's: the leaf does not verify.
+        let other = ca(&["api.example.test"]);
+        let v = valid(&files, &(good.0.clone(), other.1), b"k\n", false);
+        let e = load_error(&v);
+        assert!(e.contains("does not verify"), "{e}");
+        // A CA whose name constraint leaves the host out.
+        let v = valid(&files, &ca(&["elsewhere.test"]), b"k\n", false);
+        let e = load_error(&v);
+        assert!(e.contains("does not verify for api.example.test"), "{e}");
+        let mut v = valid(&files, &good, b"k\n", false);
+        v.config.ca_key = files.0.join("missing");
+        let e = load_error(&v);
+        assert!(e.contains("missing"), "{e}");
+        // OAuth cannot be served by this build: refused rather than left unswapped.
+        let v = valid(&files, &good, b"k\n", true);
+        assert!(load_error(&v).contains("OAuth"));
+    }
+
+    /// A store stand-in: one access placeholder and its token.
+    #[derive(Debug)]
+    struct TestStore;
+
+    impl OAuthHook for TestStore {
+        fn access_token_for(&self, bearer: &[u8]) -> Option<Secret> {
+            (bearer == b"sk-ant-oat01-placeholder-000000000000")
+                .then(|| Secret::new(b"sk-ant-oat01-REAL".to_vec()))
+        }
+        fn is_token_request(&self, method: &str, path: &str) -> bool {
+            method == "POST" && path == "/v1/oauth/token"
+        }
+        fn begin_token_request<'a>(
+            &'a self,
+            _: Option<&'a str>,
+            body: &'a [u8],
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = oauth_hook::Begun> + Send + 'a>>
+        {
+            Box::pin(async move { Err(format!("{} bytes", body.len()).into()) })
+        }
+        fn secrets(&self) -> Vec<Secret> {
+            vec![Secret::new(b"sk-ant-oat01-REAL".to_vec())]
+        }
+    }
+
+    #[test]
+    fn bearer_swap_through_the_store_hook() {
+        let store: Arc<dyn OAuthHook> = Arc::new(TestStore);
+        let head = b"GET /v1/messages HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sk-ant-oat01-placeholder-000000000000\r\n\r\n";
+        let swap = rewrite::Swap {
+            api_key: None,
+            oauth: true,
+            content_length: None,
+        };
+        let mut bearer = |t: &[u8]| oauth_hook::access_token(store.as_ref(), t);
+        let r = rewrite::rewrite_head(head, swap, &mut bearer).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&r.head).unwrap(),
+            "GET /v1/messages HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sk-ant-oat01-REAL\r\n\r\n"
+        );
+        assert_eq!(r.credential, agent_sandbox_shared::logs::Credential::OAuth);
+        assert!(oauth_hook::is_token_request(
+            store.as_ref(),
+            "POST",
+            "/v1/oauth/token"
+        ));
+        assert_eq!(oauth_hook::secrets(store.as_ref()).len(), 1);
+    }
+}
