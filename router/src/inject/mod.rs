@@ -488,7 +488,7 @@ mod tests {
         let r = rewrite::rewrite_head(head, swap, &mut bearer).unwrap();
         assert_eq!(
             std::str::from_utf8(&r.head).unwrap(),
-            "GET /v1/messages HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sk-ant-oat01-REAL\r\n\r\n"
+            "GET /v1/messages HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sk-ant-oat01-REAL\r\nAccept-Encoding: identity\r\n\r\n"
         );
         assert_eq!(r.credential, agent_sandbox_shared::logs::Credential::OAuth);
         assert!(oauth_hook::is_token_request(

@@ -7,8 +7,9 @@
 //!   placeholder) on an API key host become the real key;
 //! - `Authorization: Bearer <access placeholder>` on an OAuth API host becomes the real access token
 //!   (the store decides what is a placeholder);
-//! - `Accept-Encoding` is removed, so the response comes back identity-encoded and the secret scan
-//!   ([`super::scan`]) reads what the client will read (a compressed echo of the key would pass it);
+//! - `Accept-Encoding` becomes `identity`, so the response comes back unencoded and the secret scan
+//!   ([`super::scan`]) reads what the client will read (a compressed echo of the key would pass it; an
+//!   encoded response is refused);
 //! - a token request's `Content-Length` is set to its rewritten body's length.
 //!
 //! Anything else that holds a placeholder (another header, a value with more around it, a body) passes
@@ -69,18 +70,23 @@ pub(crate) fn rewrite_head(
     let mut api_key_used = false;
     let mut oauth_used = false;
     let mut content_type = None;
+    let mut length_written = false;
     for line in lines {
         let colon = line.iter().position(|b| *b == b':')?;
         let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("accept-encoding") {
+            // Replaced by `identity` below.
             continue;
         }
         if is("content-type") {
             content_type = std::str::from_utf8(value).ok().map(str::to_owned);
         }
         if let (true, Some(n)) = (is("content-length"), swap.content_length) {
-            out.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes());
+            if !length_written {
+                out.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes());
+                length_written = true;
+            }
             continue;
         }
         if is("x-api-key") {
@@ -113,7 +119,11 @@ pub(crate) fn rewrite_head(
         out.extend_from_slice(line);
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"\r\n");
+    if let (false, Some(n)) = (length_written, swap.content_length) {
+        out.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes());
+    }
+    // No Accept-Encoding would let the upstream pick any coding (RFC 9110, 12.5.3).
+    out.extend_from_slice(b"Accept-Encoding: identity\r\n\r\n");
     let credential = if api_key_used {
         Credential::ApiKey
     } else if oauth_used {
@@ -260,7 +270,7 @@ mod tests {
         );
         assert_eq!(
             text(&r),
-            format!("POST /v1/messages HTTP/1.1\r\nHost: a\r\nX-Api-Key: sk-real\r\nX-Other: {p}\r\n\r\n")
+            format!("POST /v1/messages HTTP/1.1\r\nHost: a\r\nX-Api-Key: sk-real\r\nX-Other: {p}\r\nAccept-Encoding: identity\r\n\r\n")
         );
         assert_eq!(r.credential, Credential::ApiKey);
         assert_eq!(
@@ -328,8 +338,23 @@ mod tests {
         .unwrap();
         assert_eq!(
             text(&r),
-            "POST /t HTTP/1.1\r\nHost: a\r\nContent-Length: 42\r\nContent-Type: application/json\r\n\r\n"
+            "POST /t HTTP/1.1\r\nHost: a\r\nContent-Length: 42\r\nContent-Type: application/json\r\nAccept-Encoding: identity\r\n\r\n"
         );
         assert_eq!(r.content_type.as_deref(), Some("application/json"));
+        // A token request without a body gets the new body's length.
+        let r = rewrite_head(
+            b"POST /t HTTP/1.1\r\nHost: a\r\n\r\n",
+            Swap {
+                api_key: None,
+                oauth: false,
+                content_length: Some(7),
+            },
+            &mut none,
+        )
+        .unwrap();
+        assert_eq!(
+            text(&r),
+            "POST /t HTTP/1.1\r\nHost: a\r\nContent-Length: 7\r\nAccept-Encoding: identity\r\n\r\n"
+        );
     }
 }

@@ -338,20 +338,33 @@ impl Terminated<'_> {
                     }
                 }
             }
-            let read = read_into(&mut self.client_r, &mut self.buf);
-            let n = match deadline {
-                Some(at) => match tokio::time::timeout_at(at, read).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.log.client_failed(
-                            self.name.as_str(),
-                            "request head not complete within the peek timeout",
-                            Some(CloseReason::ClientTimeout),
-                        );
-                        return Err(End);
-                    }
-                },
-                None => read.await,
+            let n = if self.buf.is_empty() && !first {
+                // Between requests: an upstream that closes its idle connection closes the client's
+                // too (as a server would), rather than failing the client's next request.
+                let Some((up_r, _)) = self.upstream.as_mut() else {
+                    return Ok(None);
+                };
+                let (client_r, buf, rbuf) = (&mut self.client_r, &mut self.buf, &mut self.rbuf);
+                tokio::select! {
+                    n = read_into(client_r, buf) => n,
+                    _ = read_into(up_r, rbuf) => return Ok(None),
+                }
+            } else {
+                let read = read_into(&mut self.client_r, &mut self.buf);
+                match deadline {
+                    Some(at) => match tokio::time::timeout_at(at, read).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            self.log.client_failed(
+                                self.name.as_str(),
+                                "request head not complete within the peek timeout",
+                                Some(CloseReason::ClientTimeout),
+                            );
+                            return Err(End);
+                        }
+                    },
+                    None => read.await,
+                }
             };
             match n {
                 Ok(0) | Err(_) if self.buf.is_empty() => return Ok(None),
@@ -371,8 +384,6 @@ impl Terminated<'_> {
     /// Answers the client with `status` on the router's behalf, logs the refusal, closes.
     async fn refuse(&mut self, status: &str, reason: &str, why: RefusalReason) -> Result<(), End> {
         self.log.refuse(self.name.as_str(), reason, why);
-        // Still terminated: the refusal is of one request, on a connection the router served.
-        self.log.set_decision(Decision::Terminated);
         self.answer(status, reason).await;
         Err(End)
     }
@@ -602,33 +613,64 @@ impl Relay<'_> {
         End
     }
 
-    /// Sends `data` to the client through the scan.
-    async fn send(&mut self, data: &[u8]) -> Result<(), End> {
-        let safe = match self.scanner.push(data) {
-            Ok(safe) => safe,
-            Err(_) => {
-                warn!(
-                    { logs::CLIENT } = %self.log.client,
-                    { logs::NAME } = %self.name.as_str(),
-                    "{}",
-                    logs::SECRET_IN_RESPONSE
-                );
-                self.log.set_decision(Decision::UpstreamError);
-                return Err(End);
-            }
-        };
-        if !safe.is_empty() {
-            self.client_w.write_all(&safe).await.map_err(|_| End)?;
-            self.log.down(safe.len() as u64);
+    /// Passes `data` through the scan: the bytes safe to send now, or the end of the connection (a
+    /// real secret: logged, never its value).
+    fn scan(&mut self, data: &[u8]) -> Result<Vec<u8>, End> {
+        self.scanner.push(data).map_err(|_| {
+            warn!(
+                { logs::CLIENT } = %self.log.client,
+                { logs::NAME } = %self.name.as_str(),
+                "{}",
+                logs::SECRET_IN_RESPONSE
+            );
+            self.log.set_decision(Decision::UpstreamError);
+            End
+        })
+    }
+
+    /// Writes bytes to the client.
+    async fn write(&mut self, data: &[u8]) -> Result<(), End> {
+        if !data.is_empty() {
+            self.client_w.write_all(data).await.map_err(|_| End)?;
+            self.log.down(data.len() as u64);
         }
         Ok(())
+    }
+
+    /// Sends `data` to the client through the scan.
+    async fn send(&mut self, data: &[u8]) -> Result<(), End> {
+        let safe = self.scan(data)?;
+        self.write(&safe).await
+    }
+
+    /// Sends body content to the client through the scan, as a chunk of its own.
+    async fn send_chunk(&mut self, content: &[u8]) -> Result<(), End> {
+        let safe = self.scan(content)?;
+        self.write_chunk(&safe).await
+    }
+
+    /// Writes one chunk (nothing for no bytes: an empty chunk would end the body).
+    async fn write_chunk(&mut self, data: &[u8]) -> Result<(), End> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let framed = [format!("{:x}\r\n", data.len()).as_bytes(), data, b"\r\n"].concat();
+        self.write(&framed).await
     }
 
     /// Ends a response: releases what the scan held and flushes.
     async fn end(&mut self) -> Result<(), End> {
         let rest = self.scanner.flush();
-        self.client_w.write_all(&rest).await.map_err(|_| End)?;
-        self.log.down(rest.len() as u64);
+        self.write(&rest).await?;
+        self.client_w.flush().await.map_err(|_| End)
+    }
+
+    /// Ends a chunked response: what the scan held as a last chunk, then the last-chunk marker (the
+    /// upstream's trailers, if any, are not passed on).
+    async fn end_chunked(&mut self) -> Result<(), End> {
+        let rest = self.scanner.flush();
+        self.write_chunk(&rest).await?;
+        self.write(b"0\r\n\r\n").await?;
         self.client_w.flush().await.map_err(|_| End)
     }
 
@@ -640,6 +682,16 @@ impl Relay<'_> {
             let head: Vec<u8> = self.rbuf.drain(..frame.len).collect();
             if frame.code == 101 {
                 return Err(self.bad_upstream("the upstream switched protocols unasked"));
+            }
+            if frame.encoded {
+                // Asked for identity; an encoded body could carry a secret the scan cannot read.
+                self.bad_upstream(
+                    "the upstream sent a content-encoded response the scan cannot read",
+                );
+                self.write(&bad_gateway("the upstream's response was content-encoded"))
+                    .await?;
+                let _ = self.client_w.shutdown().await;
+                return Err(End);
             }
             self.send(&head).await?;
             if (100..200).contains(&frame.code) {
@@ -653,7 +705,12 @@ impl Relay<'_> {
             };
             match body {
                 Body::Framed(length) => {
+                    // A chunked body is scanned as the client reads it, without the chunk framing
+                    // (a secret split across two chunks is contiguous to the client), and sent
+                    // re-chunked.
+                    let chunked = length == BodyLength::Chunked;
                     let mut framer = BodyFramer::new(length);
+                    let mut dechunker = Dechunker::default();
                     while !framer.is_done() {
                         if self.rbuf.is_empty()
                             && read_into(self.up_r, self.rbuf).await.map_err(|_| End)? == 0
@@ -664,11 +721,20 @@ impl Relay<'_> {
                             .advance(self.rbuf)
                             .map_err(|e| self.bad_upstream(&e.to_string()))?;
                         let part: Vec<u8> = self.rbuf.drain(..n).collect();
-                        self.send(&part).await?;
+                        if chunked {
+                            let content = dechunker.push(&part);
+                            self.send_chunk(&content).await?;
+                        } else {
+                            self.send(&part).await?;
+                        }
                         // Streamed answers reach the client as they come.
                         self.client_w.flush().await.map_err(|_| End)?;
                     }
-                    self.end().await?;
+                    if chunked {
+                        self.end_chunked().await?;
+                    } else {
+                        self.end().await?;
+                    }
                     return Ok(!frame.close);
                 }
                 Body::UntilClose => {
@@ -770,6 +836,8 @@ struct ResponseFrame {
     body: Body,
     /// The upstream will close after it.
     close: bool,
+    /// A Content-Encoding other than `identity`.
+    encoded: bool,
 }
 
 /// Parses a response head at the start of `buf`. `Ok(None)`: incomplete.
@@ -788,6 +856,7 @@ fn parse_response(buf: &[u8]) -> Result<Option<ResponseFrame>, String> {
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = resp.version == Some(0);
+    let mut encoded = false;
     for h in resp.headers.iter() {
         let value = h.value.trim_ascii();
         let tokens = || value.split(|b| *b == b',').map(<[u8]>::trim_ascii);
@@ -810,6 +879,8 @@ fn parse_response(buf: &[u8]) -> Result<Option<ResponseFrame>, String> {
                     .next_back()
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
             );
+        } else if h.name.eq_ignore_ascii_case("content-encoding") {
+            encoded |= tokens().any(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"identity"));
         } else if h.name.eq_ignore_ascii_case("connection") {
             for t in tokens() {
                 if t.eq_ignore_ascii_case(b"close") {
@@ -835,7 +906,112 @@ fn parse_response(buf: &[u8]) -> Result<Option<ResponseFrame>, String> {
         code,
         body,
         close,
+        encoded,
     }))
+}
+
+/// A complete closing `502` on the router's behalf.
+fn bad_gateway(reason: &str) -> Vec<u8> {
+    let body = format!("agent-sandbox: {reason}\n");
+    format!(
+        "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Where a [`Dechunker`] is in a chunked body.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Chunking {
+    /// Reading a chunk-size line: the size so far, and whether the digits ended (extensions).
+    #[default]
+    Size,
+    /// In a chunk's data: bytes left.
+    Data(u64),
+    /// Skipping the CRLF after chunk data: bytes left.
+    DataEnd(u8),
+    /// In the trailers; the current line's length so far.
+    Trailers(usize),
+    /// The body is complete.
+    Done,
+}
+
+/// The content of a chunked body, from its framed bytes as they arrive. It trusts the framing: the
+/// same bytes have passed a [`BodyFramer`] first, which refuses anything malformed.
+#[derive(Debug, Default)]
+struct Dechunker {
+    /// Where it is.
+    state: Chunking,
+    /// The chunk-size line so far (bounded by the framer's line cap).
+    line: Vec<u8>,
+}
+
+impl Dechunker {
+    /// The content bytes in `framed`.
+    fn push(&mut self, framed: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < framed.len() {
+            match self.state {
+                Chunking::Size => {
+                    let b = framed[i];
+                    i += 1;
+                    if b != b'\n' {
+                        self.line.push(b);
+                        continue;
+                    }
+                    let digits: Vec<u8> = self
+                        .line
+                        .iter()
+                        .copied()
+                        .take_while(u8::is_ascii_hexdigit)
+                        .collect();
+                    let size = std::str::from_utf8(&digits)
+                        .ok()
+                        .and_then(|d| u64::from_str_radix(d, 16).ok())
+                        .unwrap_or(0);
+                    self.line.clear();
+                    self.state = if size == 0 {
+                        Chunking::Trailers(0)
+                    } else {
+                        Chunking::Data(size)
+                    };
+                }
+                Chunking::Data(left) => {
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(framed.len() - i);
+                    out.extend_from_slice(&framed[i..i + take]);
+                    i += take;
+                    let left = left - take as u64;
+                    self.state = if left == 0 {
+                        Chunking::DataEnd(2)
+                    } else {
+                        Chunking::Data(left)
+                    };
+                }
+                Chunking::DataEnd(n) => {
+                    i += 1;
+                    self.state = if n == 1 {
+                        Chunking::Size
+                    } else {
+                        Chunking::DataEnd(n - 1)
+                    };
+                }
+                Chunking::Trailers(len) => {
+                    let b = framed[i];
+                    i += 1;
+                    self.state = match b {
+                        b'\n' if len <= 1 => Chunking::Done,
+                        b'\n' => Chunking::Trailers(0),
+                        _ => Chunking::Trailers(len + 1),
+                    };
+                }
+                Chunking::Done => break,
+            }
+        }
+        out
+    }
 }
 
 /// The body of a complete chunked message (its framing already checked), trailers dropped.
@@ -887,13 +1063,11 @@ fn same_host(host: &str, name: &HostName) -> bool {
     HostName::parse(bare).is_ok_and(|h| h == *name)
 }
 
-/// Reads once from `r`, appending at most [`READ`] bytes to `buf`.
+/// Reads once from `r`, appending to `buf` (room for [`READ`] bytes is made first). Cancel-safe: a
+/// read dropped before it completes leaves `buf` as it was.
 async fn read_into<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let start = buf.len();
-    buf.resize(start + READ, 0);
-    let n = r.read(&mut buf[start..]).await;
-    buf.truncate(start + *n.as_ref().unwrap_or(&0));
-    n
+    buf.reserve(READ);
+    r.read_buf(buf).await
 }
 
 #[cfg(test)]
@@ -922,6 +1096,21 @@ mod tests {
                 .is_err()
         );
         assert_eq!(f("HTTP/1.1 200 OK\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn dechunker_matches_dechunk_for_any_split() {
+        let framed = b"5\r\nhello\r\n6;x=1\r\n world\r\n0\r\nT: 1\r\n\r\n";
+        for cut in 0..=framed.len() {
+            let mut d = Dechunker::default();
+            let mut out = d.push(&framed[..cut]);
+            out.extend(d.push(&framed[cut..]));
+            assert_eq!(out, b"hello world", "cut at {cut}");
+            assert_eq!(d.state, Chunking::Done);
+        }
+        let mut d = Dechunker::default();
+        assert_eq!(d.push(b"3\r\nabc\r\n0\r\n\r\n"), b"abc");
+        assert_eq!(d.state, Chunking::Done);
     }
 
     #[test]
