@@ -42,6 +42,9 @@ use std::net::SocketAddr;
 use agent_sandbox_shared::ValidConfig;
 
 pub use bind::{bind_workers, Listeners, WorkerSockets};
+/// A stand-in OAuth token store for the tests of the terminated token exchange.
+#[cfg(feature = "test-support")]
+pub use inject::oauth_hook::TestStore;
 pub use workers::{run, Control, Handles};
 
 /// A human-readable description of the effective configuration, for `--check`.

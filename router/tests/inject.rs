@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_sandbox_router::proxy::Proxy;
+use agent_sandbox_router::TestStore;
 use agent_sandbox_shared::RouterConfig;
 use agent_sandbox_testkit::pki::provider;
 use proxy_support::{events_since, Scenario, World};
@@ -30,7 +31,22 @@ const REAL_KEY: &str = "sk-ant-api03-REAL-KEY-BBBBBBBBBBBBBBBBBBBBBBBB";
 
 /// Labels of the scenario: `api` is injected and good; `other` is spliced; the rest are injected but
 /// their upstream's certificate is bad.
-const LABELS: [&str; 5] = ["api", "other", "selfsigned", "wrongname", "expired"];
+const LABELS: [&str; 6] = [
+    "api",
+    "other",
+    "selfsigned",
+    "wrongname",
+    "expired",
+    "token",
+];
+
+/// The OAuth placeholders and tokens of the token exchange test.
+const ACCESS_PH: &str = "sk-ant-oat01-placeholder-CCCCCCCCCCCCCCCCCCCC";
+const ACCESS: &str = "sk-ant-oat01-REAL-ACCESS-DDDDDDDDDDDDDDDDDDDD";
+const REFRESH_PH: &str = "sk-ant-ort01-placeholder-EEEEEEEEEEEEEEEEEEEE";
+const REFRESH: &str = "sk-ant-ort01-REAL-REFRESH-FFFFFFFFFFFFFFFFFFFF";
+const ISSUED_ACCESS: &str = "sk-ant-oat01-ISSUED-ACCESS-GGGGGGGGGGGGGGGGGG";
+const ISSUED_REFRESH: &str = "sk-ant-ort01-ISSUED-REFRESH-HHHHHHHHHHHHHHHHH";
 
 /// A request as the upstream received it.
 #[derive(Debug, Clone)]
@@ -136,6 +152,12 @@ impl Drop for Lab {
 
 impl Lab {
     async fn start(tag: &str) -> Lab {
+        Lab::start_with(tag, false).await
+    }
+
+    /// With `oauth`: an `[inject.oauth]` section (API host `api`, token host `token`) served by a
+    /// stand-in store.
+    async fn start_with(tag: &str, oauth: bool) -> Lab {
         let mut scenario = Scenario::new(tag);
         for l in LABELS {
             scenario = scenario.host(l);
@@ -156,7 +178,7 @@ impl Lab {
         let up_chain = vec![up_ca.der().clone()];
         let mut certs = HashMap::new();
         let mut other_leaf = None;
-        for l in ["api", "other", "wrongname", "expired"] {
+        for l in ["api", "other", "wrongname", "expired", "token"] {
             let key = rcgen::KeyPair::generate().unwrap();
             let san = if l == "wrongname" {
                 name("somebody-else")
@@ -194,7 +216,7 @@ impl Lab {
         ));
 
         // The session CA, name-constrained to the terminated hosts as the launcher makes it.
-        let terminated: Vec<String> = ["api", "selfsigned", "wrongname", "expired"]
+        let terminated: Vec<String> = ["api", "selfsigned", "wrongname", "expired", "token"]
             .iter()
             .map(|l| name(l))
             .collect();
@@ -230,18 +252,41 @@ impl Lab {
         );
 
         let hosts: Vec<String> = LABELS.iter().map(|l| name(l)).collect();
-        let toml = format!(
+        let api_key_hosts = &terminated[..4];
+        let mut toml = format!(
             "hosts = {hosts:?}\nresolvers = [\"{}\"]\npeek_timeout_secs = 5\nconnect_timeout_secs = 3\n\
              [listen]\nhttps = \"127.0.0.1:0\"\n[answers]\ndefault = \"127.0.0.2\"\n\
              [inject]\nca_cert = {ca_cert:?}\nca_key = {ca_key:?}\nupstream_roots = {roots:?}\n\
-             [inject.api_key]\nhosts = {terminated:?}\nplaceholder = \"{PLACEHOLDER}\"\nkey_file = {key_file:?}\n",
+             [inject.api_key]\nhosts = {api_key_hosts:?}\nplaceholder = \"{PLACEHOLDER}\"\nkey_file = {key_file:?}\n",
             world.dns.addr
         );
+        if oauth {
+            toml.push_str(&format!(
+                "[inject.oauth]\napi_hosts = [\"{}\"]\ntoken_host = \"{}\"\ntoken_path = \"/v1/oauth/token\"\nstore_dir = {:?}\n",
+                name("api"),
+                name("token"),
+                dir.0.join("oauth")
+            ));
+        }
         let config = RouterConfig::from_toml(&toml)
             .unwrap_or_else(|e| panic!("{e}\n{toml}"))
             .validate()
             .unwrap_or_else(|e| panic!("{e:?}\n{toml}"));
-        let proxy = Arc::new(Proxy::new(&config).unwrap());
+        let proxy = if oauth {
+            Proxy::with_test_oauth(
+                &config,
+                TestStore {
+                    access_placeholder: ACCESS_PH.into(),
+                    access_token: ACCESS.into(),
+                    refresh_placeholder: REFRESH_PH.into(),
+                    refresh_token: REFRESH.into(),
+                    issued: (ISSUED_ACCESS.into(), ISSUED_REFRESH.into()),
+                },
+            )
+        } else {
+            Proxy::new(&config)
+        };
+        let proxy = Arc::new(proxy.unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let https = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -444,6 +489,22 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     if tls.write_all(b"0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                if path == "/v1/oauth/token" {
+                    // The token endpoint answers chunked, with freshly issued tokens.
+                    let json = format!(
+                        "{{\"access_token\":\"{ISSUED_ACCESS}\",\"refresh_token\":\"{ISSUED_REFRESH}\",\"expires_in\":3600}}"
+                    );
+                    let (a, b) = json.split_at(json.len() / 2);
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+                        a.len(),
+                        b.len()
+                    );
+                    if tls.write_all(response.as_bytes()).await.is_err() {
                         return;
                     }
                     continue;
@@ -817,4 +878,63 @@ async fn a_key_split_across_chunks_is_caught() {
             .find(|e| e["name"] == api_name.as_str())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauth_tokens_are_swapped_both_ways() {
+    require_netns!();
+    let lab = Lab::start_with("injoauth", true).await;
+    let api = lab.world.name("api");
+    let token = lab.world.name("token");
+    // The access placeholder becomes the access token on the API host.
+    let mut c = lab.connect("api").await;
+    c.send(
+        format!("GET /v1/me HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {ACCESS_PH}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert_eq!(c.response().await.expect("a response").body, b"ok /v1/me");
+    let seen = lab.recorder.for_sni(&api);
+    assert!(
+        String::from_utf8_lossy(&seen[0].bytes)
+            .contains(&format!("Authorization: Bearer {ACCESS}\r\n")),
+        "{seen:?}"
+    );
+    // A refresh: the upstream gets the real refresh token, the client only placeholders back.
+    let mut c = lab.connect("token").await;
+    let body = format!(
+        "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"x\"}}"
+    );
+    c.send(
+        format!(
+            "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let r = c.response().await.expect("the token response");
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!(r.status, 200);
+    assert!(
+        text.contains(ACCESS_PH) && text.contains(REFRESH_PH),
+        "{text}"
+    );
+    assert!(!text.contains("ISSUED"), "{text}");
+    let seen = lab.recorder.for_sni(&token);
+    let sent = String::from_utf8_lossy(&seen[0].bytes).into_owned();
+    assert!(
+        sent.contains(REFRESH) && !sent.contains(REFRESH_PH),
+        "{sent}"
+    );
+    let mark = lab.world.mark;
+    let requests = poll(|| {
+        let r: Vec<_> = events_since(mark, "request")
+            .into_iter()
+            .filter(|e| e["credential"] == "oauth")
+            .collect();
+        (r.len() >= 2).then_some(r)
+    })
+    .await;
+    assert_eq!(requests.len(), 2);
 }

@@ -111,6 +111,14 @@ impl Injector {
     /// terminated hosts signed by it (and verified against it), the upstream roots, the API key file,
     /// the OAuth store. Any failure names the file.
     pub(crate) fn load(inject: &ValidInject) -> Result<Injector, InjectError> {
+        Injector::load_with(inject, None)
+    }
+
+    /// [`Injector::load`], with `store` standing in for the OAuth store when given (tests).
+    pub(crate) fn load_with(
+        inject: &ValidInject,
+        store: Option<Arc<dyn OAuthHook>>,
+    ) -> Result<Injector, InjectError> {
         let config = &inject.config;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let (chain, key) = sign_leaf(&config.ca_cert, &config.ca_key, &inject.terminated)?;
@@ -151,9 +159,12 @@ impl Injector {
                 });
             }
         }
-        let oauth = match &config.oauth {
-            Some(o) => Some(oauth_hook::open(o).map_err(|e| InjectError::OAuth(e.to_string()))?),
-            None => None,
+        let oauth = match (&config.oauth, store) {
+            (Some(_), Some(store)) => Some(store),
+            (Some(o), None) => {
+                Some(oauth_hook::open(o).map_err(|e| InjectError::OAuth(e.to_string()))?)
+            }
+            (None, _) => None,
         };
         Ok(Injector {
             terminated: inject.terminated.clone(),

@@ -108,3 +108,69 @@ pub(crate) fn finish(
 pub(crate) fn secrets(hook: &dyn OAuthHook) -> Vec<Secret> {
     hook.secrets()
 }
+
+/// A token store for tests (the `test-support` feature): fixed placeholders and tokens. A token
+/// request's body has the refresh placeholder replaced by the refresh token; a token response's body
+/// has the tokens the upstream issues (`issued`) replaced by the placeholders.
+#[cfg(feature = "test-support")]
+#[derive(Debug, Clone)]
+pub struct TestStore {
+    /// The access-token placeholder the sandbox holds.
+    pub access_placeholder: String,
+    /// The real access token.
+    pub access_token: String,
+    /// The refresh-token placeholder the sandbox holds.
+    pub refresh_placeholder: String,
+    /// The real refresh token.
+    pub refresh_token: String,
+    /// The (access, refresh) tokens the test's token endpoint issues.
+    pub issued: (String, String),
+}
+
+#[cfg(feature = "test-support")]
+impl OAuthHook for TestStore {
+    fn access_token_for(&self, bearer: &[u8]) -> Option<Secret> {
+        (bearer == self.access_placeholder.as_bytes())
+            .then(|| Secret::new(self.access_token.clone().into_bytes()))
+    }
+
+    fn is_token_request(&self, method: &str, path: &str) -> bool {
+        method == "POST" && path == "/v1/oauth/token"
+    }
+
+    fn begin_token_request<'a>(
+        &'a self,
+        _: Option<&'a str>,
+        body: &'a [u8],
+    ) -> Pin<Box<dyn Future<Output = Begun> + Send + 'a>> {
+        Box::pin(async move {
+            let text = std::str::from_utf8(body)?;
+            let rewritten = text.replace(&self.refresh_placeholder, &self.refresh_token);
+            let finish: Box<dyn TokenFinish> = Box::new(self.clone());
+            Ok((rewritten.into_bytes(), finish))
+        })
+    }
+
+    fn secrets(&self) -> Vec<Secret> {
+        [
+            &self.access_token,
+            &self.refresh_token,
+            &self.issued.0,
+            &self.issued.1,
+        ]
+        .into_iter()
+        .map(|s| Secret::new(s.clone().into_bytes()))
+        .collect()
+    }
+}
+
+#[cfg(feature = "test-support")]
+impl TokenFinish for TestStore {
+    fn finish(self: Box<Self>, _: u16, body: &[u8]) -> Result<Vec<u8>, OAuthError> {
+        let text = std::str::from_utf8(body)?;
+        Ok(text
+            .replace(&self.issued.0, &self.access_placeholder)
+            .replace(&self.issued.1, &self.refresh_placeholder)
+            .into_bytes())
+    }
+}

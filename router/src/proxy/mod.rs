@@ -115,6 +115,28 @@ impl Proxy {
         Ok(proxy)
     }
 
+    /// [`Proxy::new`] with `store` standing in for the OAuth token store of the `[inject]` section (the
+    /// tests of the terminated token exchange).
+    #[cfg(feature = "test-support")]
+    pub fn with_test_oauth(
+        config: &ValidConfig,
+        store: crate::inject::oauth_hook::TestStore,
+    ) -> anyhow::Result<Proxy> {
+        let mut proxy = Proxy::new(&ValidConfig {
+            inject: None,
+            ..config.clone()
+        })?;
+        let inject = config
+            .inject
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no [inject] section"))?;
+        proxy.inject = Some(Arc::new(Injector::load_with(
+            inject,
+            Some(Arc::new(store)),
+        )?));
+        Ok(proxy)
+    }
+
     /// This proxy terminating TLS for the names `inject` covers (loaded once, shared by the workers).
     #[must_use]
     pub(crate) fn with_inject(mut self, inject: Option<Arc<Injector>>) -> Proxy {
