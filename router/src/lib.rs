@@ -89,6 +89,14 @@ pub fn describe(config: &ValidConfig) -> String {
             .join(", ")
     };
     let _ = writeln!(out, "upstream resolvers: {resolvers}");
+    if let Some(inject) = &config.inject {
+        let names: Vec<&str> = inject.terminated.iter().map(|h| h.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "TLS terminated to add credentials: {} (every other name is spliced)",
+            names.join(", ")
+        );
+    }
     let limits = &config.limits;
     let _ = writeln!(
         out,
