@@ -805,8 +805,17 @@ impl Relay<'_> {
         if body.len() > MAX_TOKEN_BODY {
             return Err(self.bad_upstream("token response body too large"));
         }
-        let new_body = oauth_hook::finish(exchange, frame.code, &body)
-            .map_err(|e| self.bad_upstream(&format!("token response: {e}")))?;
+        let new_body = match oauth_hook::finish(exchange, frame.code, &body) {
+            Ok(b) => b,
+            Err(e) => {
+                // Nothing of this response has been sent: the client gets a 502, not the tokens.
+                self.bad_upstream(&format!("token response: {e}"));
+                self.write(&bad_gateway("the token response could not be rewritten"))
+                    .await?;
+                let _ = self.client_w.shutdown().await;
+                return Err(End);
+            }
+        };
         let head = with_length(&head, new_body.len());
         self.scanner.set_secrets(self.inject.secrets());
         self.send(&head).await?;
