@@ -84,17 +84,24 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo
     echo "## DNS: router vs dnsmasq (dnsperf, ${secs} s each, half allowed names, half refused)"
     echo
+    echo "The router with one worker (as in a session) and with its default (one per core, the gateway), and"
+    echo "dnsmasq answering from \`--address\` (no cache, no upstream, no query log), in rotating order."
+    echo "dnsperf's own receive buffer is raised (\`-b 4096\`) so that a burst of replies is not dropped at the"
+    echo "load generator and counted against the server."
+    echo
     cat "$results/dns.txt"
     echo
     echo "## TLS and HTTP: router vs nginx vs direct"
     echo
     echo "Upstream: nginx in a network namespace over a veth pair. nginx as the proxy: stream"
     echo "\`ssl_preread\` on 443 and Host-routing \`proxy_pass http://\$host\` on 80, both dialling the name the"
-    echo "client sent through a resolver (the design agent-sandbox replaces), access logs on like the router's"
-    echo "connection log, plus dnsmasq for the sandbox's DNS (counted in its RSS). Each contender reaches the"
-    echo "upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next. The router runs"
-    echo "one worker (\`--threads 1\`, as in a session; ROUTER_THREADS=N to change: on these 2 shared cores a"
-    echo "second worker costs more CPU per connection than it gains), nginx \`worker_processes auto\`."
+    echo "client sent through a resolver (the design agent-sandbox replaces), at its best honest configuration"
+    echo "(printed below the tables: a worker per core with a reuseport listener each, buffered access logs like"
+    echo "the router's connection log, HTTP/1.0 to the upstream so the upstream closes first, bulk through 16 x"
+    echo "64 KiB in-memory buffers), plus dnsmasq for the sandbox's DNS (counted in its RSS). Each contender"
+    echo "reaches the upstream on its own address, so TIME_WAIT sockets of one run cannot slow the next. The"
+    echo "router runs twice: with one worker (\`--threads 1\`, as in a session) and with its default (one per"
+    echo "core, as a gateway)."
     echo
     cat "$results/proxy.md"
     echo
