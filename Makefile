@@ -20,7 +20,7 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench packaging-test fuzz soak k8s-tools k8s-check k8s-test \
+	rpm release-images patch minor major pre-commit bench bench-ab packaging-test fuzz soak k8s-tools k8s-check k8s-test \
 	setup setup-test install quickstart-test setup-lists-test
 
 # The Kubernetes checks' tools (kubernetes-validate, kubectl for kustomize, pytest), pinned in
@@ -134,3 +134,7 @@ pre-commit: ## run the repository's pre-commit hooks on all files (pre-commit fr
 
 bench: ## the benchmark suite (root): router vs dnsmasq/nginx, forwarder vs socat -> BENCHMARKS.md
 	benches/run.sh
+
+bench-ab: ## (root) A=ROUTER B=ROUTER: CPU and system calls per query/connection/request/GiB, alternating runs
+	@[ -n "$(A)" ] && [ -n "$(B)" ] || { echo "usage: make bench-ab A=path/to/router B=path/to/router" >&2; exit 2; }
+	benches/ab.sh $(A) $(B)
