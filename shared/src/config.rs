@@ -397,10 +397,7 @@ impl RouterConfig {
         let per_client = NonZeroUsize::new(self.per_client());
         let wildcard = NonZeroU32::new(self.wildcard_lookups_per_minute);
         let policy = Policy::from_entries(entries);
-        let inject = self
-            .inject
-            .as_ref()
-            .and_then(|i| i.validate(&mut problems));
+        let inject = self.inject.as_ref().and_then(|i| i.validate(&mut problems));
         let (Some(ttl), Some(max_connections), Some(per_client), Some(wildcard), true) = (
             ttl,
             max_connections,
