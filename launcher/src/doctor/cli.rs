@@ -16,7 +16,9 @@ pub const WORD: &str = "doctor";
     bin_name = "agent-sandbox doctor",
     after_help = "`agent-sandbox -- doctor` runs Claude Code's own `claude doctor` in the sandbox.\n\n\
                   Environment: as for a session, and AGENT_SANDBOX_DOCTOR_RESOLV_CONF, the resolv.conf \
-                  whose nameservers count as this host's DNS servers [default: /etc/resolv.conf]."
+                  whose nameservers count as this host's DNS servers [default: /etc/resolv.conf]; \
+                  AGENT_SANDBOX_DOCTOR_HOSTS, a hosts file to take the first allowlisted name's \
+                  addresses from instead of resolving it as this host does [default: getaddrinfo]."
 )]
 pub struct DoctorOptions {
     /// Print one JSON object ({"passed": bool, "checks": [...]}) instead of the table.

@@ -3,7 +3,8 @@
 //! ```text
 //! cli.rs       doctor's own options (`agent-sandbox doctor [--json] [--no-session] [--reach]`)
 //! prereqs.rs   1. prerequisites: podman, its mode, set-up and images, the allowlist, a trial run
-//! selftest.rs  2. containment: a real session (session::run_probe) running probe.py in the sandbox
+//! selftest.rs  2. containment: a real session (session::run_probe) running probe.py in the sandbox,
+//!              which runs the static nested probe (nested-probe/) with nested podman
 //! report.rs    the table (✓ ✗ ! -) or JSON; exit 0 only when nothing failed
 //! ```
 //!
@@ -27,6 +28,11 @@ use report::{Report, Section, Status};
 /// (default `/etc/resolv.conf`); the tests point it at a file of their own so that no probe is ever
 /// aimed at a real resolver.
 pub const RESOLV_CONF_VAR: &str = "AGENT_SANDBOX_DOCTOR_RESOLV_CONF";
+
+/// Environment variable naming a hosts file that replaces this host's name resolution (getaddrinfo)
+/// when the doctor looks up the first allowlisted name; the tests point it at a file naming an
+/// address of their own, so that no lookup leaves the machine.
+pub const HOSTS_VAR: &str = "AGENT_SANDBOX_DOCTOR_HOSTS";
 
 /// Runs the doctor; returns the exit code (0 only when every check passed or only warned).
 pub fn run(podman: &Podman, settings: &Settings, options: &DoctorOptions) -> anyhow::Result<i32> {
@@ -65,6 +71,11 @@ pub fn run(podman: &Podman, settings: &Settings, options: &DoctorOptions) -> any
                 host_resolv_conf: std::env::var_os(RESOLV_CONF_VAR)
                     .filter(|v| !v.is_empty())
                     .map_or_else(selftest::default_resolv_conf, Into::into),
+                upstream_hosts: std::env::var_os(HOSTS_VAR)
+                    .filter(|v| !v.is_empty())
+                    .map_or(selftest::HostLookup::System, |p| {
+                        selftest::HostLookup::HostsFile(p.into())
+                    }),
             };
             for check in selftest::run(podman, settings, &selftest, &signals, &progress) {
                 print(&Report::line(&check));

@@ -3,15 +3,24 @@
 //! the agent's user). The probe is aimed only at addresses this machine already uses: its own
 //! addresses, its resolvers, the router's egress side and the addresses the router's DNS hands out.
 //! Listeners on this host count whatever arrives from the sandbox, which must be nothing.
+//!
+//! Where nested podman can run (the sandbox user is not root), the probe also imports the sandbox
+//! image's [`NESTED_PROBE_IN_IMAGE`] with the sandbox's own podman and runs the static nested probe
+//! (`nested-probe/`) in a nested container: it must share the sandbox's network namespace, get the same
+//! DNS answers, reach the router through the same forwarder, and reach none of the same targets.
+//!
+//! "The address the host resolves for the first allowlisted name" is found the way this host resolves
+//! names (getaddrinfo), or from [`Options::upstream_hosts`] in tests; nothing here ever sends to it:
+//! only the probes inside the sandbox try it, and must fail.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, ToSocketAddrs as _, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Deserialize;
@@ -27,6 +36,30 @@ use crate::signals::SignalWatch;
 
 /// The probe's source, run with `python3 -c`.
 pub const PROBE: &str = include_str!("probe.py");
+
+/// Where the sandbox image keeps the nested probe's root filesystem (containers/sandbox/Containerfile).
+pub const NESTED_PROBE_IN_IMAGE: &str = "/usr/lib/agent-sandbox/nested-probe.tar";
+
+/// How long the host's own lookup of the first allowlisted name may take (it runs while the session's
+/// router is inspected, so a quick one costs nothing).
+pub const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
+
+/// The most host addresses of the first allowlisted name that are probed.
+pub const MAX_UPSTREAM_ADDRESSES: usize = 4;
+
+/// The largest hosts file read for [`Options::upstream_hosts`].
+const MAX_HOSTS_FILE: u64 = 1024 * 1024;
+
+/// The nested-podman check: what `probe.py` imports and runs inside the sandbox.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct NestedSpec {
+    /// The root filesystem tarball in the sandbox image.
+    pub tarball: String,
+    /// The name the tarball is imported as in the sandbox's podman storage (removed after the run).
+    pub image: String,
+    /// The nested probe's command line, without `--netns` (which only the sandbox can tell).
+    pub command: Vec<String>,
+}
 
 /// What the probe is told: where to look and what to expect. Serialized as its one argument.
 #[derive(Debug, Default, serde::Serialize)]
@@ -47,8 +80,8 @@ pub struct ProbeSpec {
     pub project: String,
     /// The home volume's mount point.
     pub home: String,
-    /// Whether to try a nested `podman run` (rootless only).
-    pub nested: bool,
+    /// The nested-podman check, when nested podman can run here.
+    pub nested: Option<NestedSpec>,
     /// Names to complete one HTTPS handshake with (`--reach`).
     pub reach: Vec<String>,
 }
@@ -95,16 +128,19 @@ pub const ALWAYS: &[&str] = &[
 ];
 
 /// Reads the probe's output into checks; a check the probe should have reported and did not is a
-/// failure.
+/// failure. The nested probe's checks (`nested`) are expected once `nested-podman` says the nested
+/// container ran; when it did not, that one line says why.
 #[must_use]
-pub fn parse_output(stdout: &str, expected: &[String]) -> Vec<Check> {
+pub fn parse_output(stdout: &str, expected: &[String], nested: &[String]) -> Vec<Check> {
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
+    let mut nested_ran = false;
     for line in stdout.lines() {
         let Ok(l) = serde_json::from_str::<ProbeLine>(line) else {
             continue;
         };
         seen.insert(l.name.clone());
+        nested_ran |= l.name == NESTED_PODMAN && l.ok;
         let detail = format!("{}: {}", l.tried, l.got);
         out.push(if l.ok {
             Check::pass(Section::Containment, &l.name, detail)
@@ -126,7 +162,8 @@ pub fn parse_output(stdout: &str, expected: &[String]) -> Vec<Check> {
             )
         });
     }
-    for name in expected {
+    let nested = nested.iter().filter(|_| nested_ran);
+    for name in expected.iter().chain(nested) {
         if !seen.contains(name) {
             out.push(Check::bad(
                 Section::Containment,
@@ -140,10 +177,16 @@ pub fn parse_output(stdout: &str, expected: &[String]) -> Vec<Check> {
     out
 }
 
+/// The check that says whether the nested container ran.
+pub const NESTED_PODMAN: &str = "nested-podman";
+
 /// The one thing to do when a containment check fails.
 fn fix_for(name: &str) -> String {
-    if name == "nested-podman" {
-        return "nested podman does not work here (podman's error above); the sandbox's own containment is unaffected, but agents cannot run containers".into();
+    if name == NESTED_PODMAN {
+        return "nested podman does not work in the sandbox here (podman's error above): the sandbox's own containment is unaffected, but agents cannot run containers; `agent-sandbox --exec podman info` shows more".into();
+    }
+    if ["nested-netns", "nested-dns-allowlisted", "nested-router"].contains(&name) {
+        return "nested containers do not get the sandbox's network here (the checks above say how): report this output (podman version inside and outside the sandbox) as a bug".into();
     }
     if name.starts_with("reach-") {
         return "check that the name is on the allowlist and that its upstream answers HTTPS"
@@ -206,16 +249,97 @@ pub fn resolvers(resolv_conf: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The address this host's /etc/hosts gives `name`: the only lookup the doctor makes on the host, so
-/// that it never causes new outside traffic.
+/// The addresses a hosts file gives `name`, in file order.
 #[must_use]
-pub fn hosts_file_address(hosts: &str, name: &str) -> Option<IpAddr> {
-    hosts.lines().find_map(|l| {
-        let l = l.split('#').next()?;
-        let mut f = l.split_whitespace();
-        let ip = f.next()?.parse::<IpAddr>().ok()?;
-        f.any(|n| n.eq_ignore_ascii_case(name)).then_some(ip)
-    })
+pub fn hosts_file_addresses(hosts: &str, name: &str) -> Vec<IpAddr> {
+    hosts
+        .lines()
+        .filter_map(|l| {
+            let l = l.split('#').next()?;
+            let mut f = l.split_whitespace();
+            let ip = f.next()?.parse::<IpAddr>().ok()?;
+            f.any(|n| n.eq_ignore_ascii_case(name)).then_some(ip)
+        })
+        .collect()
+}
+
+/// How the doctor learns the host's addresses of the first allowlisted name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HostLookup {
+    /// As this host resolves names: getaddrinfo (/etc/hosts, then its resolvers, per nsswitch.conf).
+    #[default]
+    System,
+    /// From this hosts file only (tests: no lookup may leave the machine).
+    HostsFile(PathBuf),
+}
+
+/// A lookup of the first allowlisted name on this host, running while the session is inspected.
+struct Lookup {
+    name: String,
+    started: Instant,
+    result: mpsc::Receiver<Result<Vec<IpAddr>, String>>,
+}
+
+impl Lookup {
+    /// Starts looking `name` up.
+    fn start(name: &str, how: &HostLookup) -> Lookup {
+        let (tx, result) = mpsc::channel();
+        let (owned, how) = (name.to_owned(), how.clone());
+        // A resolver that never answers must not hold the doctor: the thread is left behind after
+        // the deadline (and ends with the process).
+        std::thread::spawn(move || {
+            let found = match how {
+                HostLookup::System => (owned.as_str(), 443)
+                    .to_socket_addrs()
+                    .map(|a| a.map(|a| a.ip()).collect())
+                    .map_err(|e| format!("getaddrinfo: {e}")),
+                HostLookup::HostsFile(path) => read_capped(&path, MAX_HOSTS_FILE)
+                    .map(|text| hosts_file_addresses(&text, &owned))
+                    .map_err(|e| format!("{}: {e}", path.display())),
+            };
+            let _ = tx.send(found);
+        });
+        Lookup {
+            name: name.to_owned(),
+            started: Instant::now(),
+            result,
+        }
+    }
+
+    /// The addresses to try from the sandbox: loopback and unspecified ones left out (inside the
+    /// sandbox those are its own), at most [`MAX_UPSTREAM_ADDRESSES`]; or why there are none.
+    fn wait(self) -> Result<Vec<IpAddr>, String> {
+        let left = LOOKUP_DEADLINE.saturating_sub(self.started.elapsed());
+        let found = match self.result.recv_timeout(left) {
+            Ok(found) => found?,
+            Err(_) => return Err(format!("no answer within {}s", LOOKUP_DEADLINE.as_secs())),
+        };
+        let mut out: Vec<IpAddr> = Vec::new();
+        for a in found {
+            let a = match a {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, IpAddr::V4),
+                v4 => v4,
+            };
+            if !a.is_loopback() && !a.is_unspecified() && !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out.truncate(MAX_UPSTREAM_ADDRESSES);
+        if out.is_empty() {
+            return Err(format!("no address for {} but loopback ones", self.name));
+        }
+        Ok(out)
+    }
+}
+
+/// A file's text, `cap` bytes at most.
+fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(fs::File::open(path)?, cap),
+        &mut text,
+    )?;
+    Ok(text)
 }
 
 /// Counts what reaches listeners on this host from the sandbox (which must be nothing).
@@ -270,8 +394,9 @@ impl HostListeners {
     }
 }
 
-/// An empty project directory for the session, removed on drop.
-struct Project(PathBuf);
+/// An empty project directory for the session (and its random part, which also names the nested
+/// probe's image), removed on drop.
+struct Project(PathBuf, String);
 
 impl Project {
     fn create() -> anyhow::Result<Project> {
@@ -286,7 +411,7 @@ impl Project {
         let dir = base.join(format!("agent-sandbox-doctor-{hex}"));
         fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir.canonicalize()?;
-        Ok(Project(dir))
+        Ok(Project(dir, hex))
     }
 }
 
@@ -303,6 +428,8 @@ pub struct Options {
     pub reach: bool,
     /// The resolv.conf whose nameservers count as "the host's DNS servers".
     pub host_resolv_conf: PathBuf,
+    /// How the host's addresses of the first allowlisted name are found.
+    pub upstream_hosts: HostLookup,
 }
 
 /// Runs the self-test: one session, one probe, its checks.
@@ -335,53 +462,59 @@ fn run_inner(
     let project = Project::create()?;
     let listeners = HostListeners::start()?;
     let host_resolv = fs::read_to_string(&options.host_resolv_conf).unwrap_or_default();
-    let hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
     let mut extra = Vec::new();
     progress("starting a session as `agent-sandbox` would");
     let (tcp_port, udp_port) = (listeners.tcp_port, listeners.udp_port);
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
-    let output = session::run_probe(podman, settings, project.0.clone(), signals, |t| {
-        progress("session up; probing from inside the sandbox");
-        // Read only now: the session's checks create the allowlist from the default when it is missing.
-        let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
-        let name = allowlist
-            .entries()
-            .first()
-            .map(|e| e.name().as_str().to_owned());
-        let exact: Vec<String> = allowlist
-            .entries()
-            .iter()
-            .filter(|e| !matches!(e, agent_sandbox_shared::Entry::Subdomains(_)))
-            .map(|e| e.name().as_str().to_owned())
-            .collect();
-        let spec = spec(
-            podman,
-            t,
-            name.as_deref(),
-            &exact,
-            options.reach,
-            (tcp_port, udp_port),
-            &host_resolv,
-            &hosts,
-            &mut extra,
-        );
-        expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
-        expected.extend(
-            spec.udp
+    let mut nested_expected = Vec::new();
+    let output = session::run_probe(
+        podman,
+        settings,
+        project.0.clone(),
+        signals,
+        |t| {
+            progress("session up; probing from inside the sandbox");
+            // Read only now: the session's checks create the allowlist from the default when it is missing.
+            let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
+            let first = allowlist.entries().first().map(|e| e.name().as_str());
+            // An empty allowlist has no name to look up (and nothing to reach).
+            let lookup = first.map(|n| Lookup::start(n, &options.upstream_hosts));
+            let name = first.unwrap_or("allowlist-is-empty.invalid").to_owned();
+            let exact: Vec<String> = allowlist
+                .entries()
                 .iter()
-                .map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")),
-        );
-        expected.extend(spec.dns.iter().map(|(k, ip, _)| format!("dns-{k}-{ip}")));
-        if spec.nested {
-            expected.push("nested-podman".into());
-        }
-        Ok(spec.command())
-    });
+                .filter(|e| !matches!(e, agent_sandbox_shared::Entry::Subdomains(_)))
+                .map(|e| e.name().as_str().to_owned())
+                .collect();
+            let aim = Aim {
+                name,
+                exact: if options.reach { exact } else { Vec::new() },
+                ports: (tcp_port, udp_port),
+                host_resolvers: resolvers(&host_resolv),
+                nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
+            };
+            let spec = spec(podman, t, aim, lookup, &mut extra);
+            expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
+            expected.extend(
+                spec.udp
+                    .iter()
+                    .map(|(k, ip, _)| format!("udp-{k}-{ip}-sent")),
+            );
+            expected.extend(spec.dns.iter().map(|(k, ip, _)| format!("dns-{k}-{ip}")));
+            if spec.nested.is_some() {
+                expected.push(NESTED_PODMAN.into());
+                nested_expected = nested_checks(&spec);
+            }
+            Ok(spec.command())
+        },
+        progress,
+    );
     let hits = listeners.finish();
+    progress("session removed");
     let output = output.map_err(anyhow::Error::new)?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut checks = extra;
-    checks.extend(parse_output(&stdout, &expected));
+    checks.extend(parse_output(&stdout, &expected, &nested_expected));
     if !output.status.success() && checks.iter().all(|c| c.status == Status::Pass) {
         checks.push(Check::bad(
             Section::Containment,
@@ -413,24 +546,33 @@ fn run_inner(
     Ok(checks)
 }
 
+/// What the probe is aimed with, beside what the session tells.
+struct Aim {
+    /// The first allowlisted name.
+    name: String,
+    /// The exact allowlisted names to reach (`--reach`), or none.
+    exact: Vec<String>,
+    /// The ports of this host's TCP and UDP listeners.
+    ports: (u16, u16),
+    /// The host's DNS servers.
+    host_resolvers: Vec<IpAddr>,
+    /// The name the nested probe's tarball is imported as.
+    nested_image: String,
+}
+
 /// Aims the probe: what this host already uses, and what the session's router hands out.
-#[allow(clippy::too_many_arguments)]
 fn spec(
     podman: &Podman,
     t: &ProbeTarget,
-    name: Option<&str>,
-    exact: &[String],
-    reach: bool,
-    (tcp_port, udp_port): (u16, u16),
-    host_resolv: &str,
-    hosts: &str,
+    aim: Aim,
+    lookup: Option<Lookup>,
     extra: &mut Vec<Check>,
 ) -> ProbeSpec {
-    let name = name.unwrap_or("allowlist-is-empty.invalid").to_owned();
+    let (tcp_port, udp_port) = aim.ports;
     let expect = t
         .loopbacks
         .iter()
-        .find(|l| l.names == name)
+        .find(|l| l.names == aim.name)
         .or_else(|| t.loopbacks.iter().find(|l| l.names == "*"))
         .map(|l| l.address.to_string())
         .unwrap_or_default();
@@ -438,8 +580,7 @@ fn spec(
         unlisted: format!("agent-sandbox-doctor-{}.invalid", std::process::id()),
         project: t.project.display().to_string(),
         home: t.home.display().to_string(),
-        nested: t.rootless,
-        reach: if reach { exact.to_vec() } else { Vec::new() },
+        reach: aim.exact,
         ..ProbeSpec::default()
     };
     for a in host_addresses() {
@@ -447,7 +588,7 @@ fn spec(
         spec.udp.push(("host".into(), a.to_string(), udp_port));
         spec.dns.push(("host".into(), a.to_string(), 53));
     }
-    for a in resolvers(host_resolv) {
+    for a in aim.host_resolvers {
         spec.dns.push(("host-resolver".into(), a.to_string(), 53));
     }
     if let Ok(ip) = podman.run(&args::container_ip(&t.router, EGRESS_NETWORK)) {
@@ -467,26 +608,96 @@ fn spec(
             spec.dns.push(("egress-gateway".into(), g.to_string(), 53));
         }
     }
-    match hosts_file_address(hosts, &name) {
-        Some(a) if !a.is_loopback() => {
-            spec.tcp.push(("upstream".into(), a.to_string(), 443));
+    match lookup.map_or_else(|| Err("the allowlist is empty".to_owned()), Lookup::wait) {
+        Ok(addresses) => {
+            for a in addresses {
+                spec.tcp.push(("upstream".into(), a.to_string(), 443));
+            }
         }
-        _ => extra.push(Check::skip(
+        Err(why) => extra.push(Check::skip(
             Section::Containment,
             "upstream-address",
-            format!("this host has no address for {name} without a new lookup (the doctor makes none), so a direct connection to it is not tried"),
+            format!(
+                "this host has no address for {} ({why}), so a direct connection to it is not tried",
+                aim.name
+            ),
         )),
     }
-    if !t.rootless {
-        extra.push(Check::skip(
+    spec.name = aim.name;
+    spec.expect = expect;
+    // Nested podman needs a user namespace of the sandbox user's own: a non-root user (keep-id under
+    // rootless podman, the sudo user or the project's owner under rootful podman).
+    if t.rootless || t.sandbox_uid != 0 {
+        spec.nested = Some(NestedSpec {
+            tarball: NESTED_PROBE_IN_IMAGE.to_owned(),
+            image: aim.nested_image,
+            command: nested_command(&spec),
+        });
+    } else {
+        extra.push(Check::bad(
             Section::Containment,
-            "nested-podman",
-            "rootful podman: the sandbox user has no user namespace of its own, so nested podman is not offered",
+            Status::Warn,
+            NESTED_PODMAN,
+            "not tried: podman is rootful and the sandbox runs as root here, and root without capabilities cannot make the user namespace nested podman needs",
+            "run agent-sandbox as your own user with rootless podman (the supported mode; nested podman works there), or through sudo so that the sandbox runs as you",
         ));
     }
-    spec.name = name;
-    spec.expect = expect;
     spec
+}
+
+/// The nested probe's command line (in the nested container): the same name, answers and targets as
+/// the sandbox's own probe. `probe.py` adds `--netns`.
+#[must_use]
+pub fn nested_command(spec: &ProbeSpec) -> Vec<String> {
+    let mut c = vec![
+        crate::images::NESTED_PROBE_PATH.to_owned(),
+        "--name".into(),
+        spec.name.clone(),
+        "--expect".into(),
+        spec.expect.clone(),
+        "--unlisted".into(),
+        spec.unlisted.clone(),
+    ];
+    for (option, list) in [
+        ("--tcp", &spec.tcp),
+        ("--udp", &spec.udp),
+        ("--dns", &spec.dns),
+    ] {
+        for (kind, ip, port) in list {
+            c.push(option.into());
+            c.push(format!("{kind},{ip},{port}"));
+        }
+    }
+    c
+}
+
+/// The checks the nested probe reports for `spec` (its `checks::run` order).
+#[must_use]
+pub fn nested_checks(spec: &ProbeSpec) -> Vec<String> {
+    let mut out: Vec<String> = [
+        "nested-netns",
+        "nested-dns-allowlisted",
+        "nested-dns-unlisted",
+        "nested-router",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    out.extend(
+        spec.udp
+            .iter()
+            .map(|(k, ip, _)| format!("nested-udp-{k}-{ip}-sent")),
+    );
+    out.extend(
+        spec.tcp
+            .iter()
+            .map(|(k, ip, _)| format!("nested-tcp-{k}-{ip}")),
+    );
+    out.extend(
+        spec.dns
+            .iter()
+            .map(|(k, ip, _)| format!("nested-dns-{k}-{ip}")),
+    );
+    out
 }
 
 /// The default resolv.conf of the host.
@@ -509,7 +720,7 @@ noise from python
             "no-setuid".to_owned(),
             "host-mounts".to_owned(),
         ];
-        let checks = parse_output(out, &expected);
+        let checks = parse_output(out, &expected, &["nested-netns".to_owned()]);
         assert_eq!(checks.len(), 3);
         assert_eq!(checks[0].status, Status::Pass);
         assert_eq!(checks[0].detail, "A x: 127.0.0.2");
@@ -533,12 +744,124 @@ noise from python
                 "fe80::1".parse().unwrap()
             ]
         );
-        let hosts = "127.0.0.1 localhost\n203.0.113.7 api.example.com api # c\n";
+        let hosts = "127.0.0.1 localhost\n203.0.113.7 api.example.com api # c\n2001:db8::7 api.example.com\n";
         assert_eq!(
-            hosts_file_address(hosts, "API.example.com"),
-            Some("203.0.113.7".parse().unwrap())
+            hosts_file_addresses(hosts, "API.example.com"),
+            [
+                "203.0.113.7".parse::<IpAddr>().unwrap(),
+                "2001:db8::7".parse().unwrap()
+            ]
         );
-        assert_eq!(hosts_file_address(hosts, "example.com"), None);
+        assert!(hosts_file_addresses(hosts, "example.com").is_empty());
+    }
+
+    #[test]
+    fn nested_checks_are_required_once_the_nested_container_ran() {
+        let nested = vec![
+            "nested-netns".to_owned(),
+            "nested-tcp-host-10.0.0.5".to_owned(),
+        ];
+        let expected = vec![NESTED_PODMAN.to_owned()];
+        // It did not run: one line says why, and nothing else is demanded.
+        let out = r#"{"name":"nested-podman","ok":false,"tried":"podman run","got":"exit 125: x"}"#;
+        let checks = parse_output(out, &expected, &nested);
+        assert_eq!(checks.len(), 1);
+        assert_eq!(checks[0].status, Status::Fail);
+        assert!(checks[0]
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("nested podman does not work"));
+        // It ran: every one of its checks must be there, and a reached target is a breach.
+        let out = r#"{"name":"nested-podman","ok":true,"tried":"podman run","got":"ran"}
+{"name":"nested-tcp-host-10.0.0.5","ok":false,"tried":"TCP","got":"connected"}"#;
+        let checks = parse_output(out, &expected, &nested);
+        let status = |n: &str| checks.iter().find(|c| c.name == n).map(|c| c.status);
+        assert_eq!(status(NESTED_PODMAN), Some(Status::Pass));
+        assert_eq!(status("nested-tcp-host-10.0.0.5"), Some(Status::Fail));
+        assert_eq!(status("nested-netns"), Some(Status::Fail));
+        assert!(checks
+            .iter()
+            .find(|c| c.name == "nested-tcp-host-10.0.0.5")
+            .and_then(|c| c.fix.as_deref())
+            .unwrap()
+            .contains("containment does not hold"));
+    }
+
+    #[test]
+    fn the_nested_command_is_one_the_nested_probe_accepts() {
+        let spec = ProbeSpec {
+            name: "api.example.com".into(),
+            expect: "127.0.0.2".into(),
+            unlisted: "agent-sandbox-doctor-1.invalid".into(),
+            tcp: vec![
+                ("host".into(), "10.0.0.5".into(), 4100),
+                ("upstream".into(), "2001:db8::7".into(), 443),
+            ],
+            udp: vec![("host".into(), "10.0.0.5".into(), 4101)],
+            dns: vec![("host-resolver".into(), "10.0.0.1".into(), 53)],
+            ..ProbeSpec::default()
+        };
+        let command = nested_command(&spec);
+        assert_eq!(command[0], crate::images::NESTED_PROBE_PATH);
+        let args = command[1..]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .chain(["--netns".into(), "net:[1]".into()]);
+        let agent_sandbox_nested_probe::spec::Invocation::Run(parsed) =
+            agent_sandbox_nested_probe::spec::parse(args).unwrap()
+        else {
+            panic!("not a run");
+        };
+        assert_eq!(parsed.name, spec.name);
+        assert_eq!(parsed.expect.to_string(), spec.expect);
+        assert_eq!(parsed.tcp[1].ip.to_string(), "2001:db8::7");
+        assert_eq!(
+            (parsed.tcp.len(), parsed.udp.len(), parsed.dns.len()),
+            (2, 1, 1)
+        );
+        assert_eq!(
+            nested_checks(&spec),
+            [
+                "nested-netns",
+                "nested-dns-allowlisted",
+                "nested-dns-unlisted",
+                "nested-router",
+                "nested-udp-host-10.0.0.5-sent",
+                "nested-tcp-host-10.0.0.5",
+                "nested-tcp-upstream-2001:db8::7",
+                "nested-dns-host-resolver-10.0.0.1",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_upstream_lookup_leaves_out_loopback_and_says_why_it_found_nothing() {
+        let dir = std::env::temp_dir().join(format!("as-doctor-hosts-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("hosts");
+        fs::write(
+            &file,
+            "127.0.0.1 web.test\n198.18.0.7 web.test\n::ffff:198.18.0.7 web.test\n198.18.0.8 web.test\n",
+        )
+        .unwrap();
+        let how = HostLookup::HostsFile(file.clone());
+        let found = Lookup::start("web.test", &how).wait();
+        let only_loopback = Lookup::start("localhost", &HostLookup::System).wait();
+        let missing = Lookup::start("web.test", &HostLookup::HostsFile(dir.join("none"))).wait();
+        let absent = Lookup::start("other.test", &how).wait();
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(
+            found.unwrap(),
+            [
+                "198.18.0.7".parse::<IpAddr>().unwrap(),
+                "198.18.0.8".parse().unwrap()
+            ]
+        );
+        // localhost comes from /etc/hosts: getaddrinfo sends nothing for it.
+        assert!(only_loopback.unwrap_err().contains("but loopback"));
+        assert!(missing.unwrap_err().contains("none"));
+        assert!(absent.unwrap_err().contains("other.test"));
     }
 
     #[test]

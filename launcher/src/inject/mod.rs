@@ -751,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn the_section_validates_against_the_policy_it_was_decided_on() {
+    fn the_section_validates() {
         let allowed = policy(&["api.anthropic.com"]);
         let d = decide(&allowed, true, None, true);
         let placeholder = format!("{}{}", placeholder::PREFIX, "a".repeat(90));
@@ -828,7 +828,7 @@ mod tests {
         assert!(bundle.starts_with(system));
         assert!(bundle.ends_with(&ca_pem));
         assert!(!bundle.contains("PRIVATE KEY"));
-        // The router's section points inside its mount and validates against the policy.
+        // The router's section points inside its mount and validates.
         let mut problems = Vec::new();
         inject.config.validate(&mut problems).unwrap();
         assert!(problems.is_empty(), "{problems:?}");

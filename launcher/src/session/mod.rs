@@ -123,6 +123,8 @@ pub struct ProbeTarget {
     pub loopbacks: Vec<agent_sandbox_shared::plan::LoopbackAssignment>,
     /// Rootless podman (keep-id): nested podman is available in the sandbox.
     pub rootless: bool,
+    /// The sandbox user's uid on the host: under rootful podman, nested podman needs it to be non-root.
+    pub sandbox_uid: u32,
     /// The project directory, as mounted in the sandbox.
     pub project: std::path::PathBuf,
     /// The sandbox user's home (the home volume).
@@ -131,13 +133,15 @@ pub struct ProbeTarget {
 
 /// `agent-sandbox doctor`'s self-test: a session exactly as [`run`] starts one (same checks, images,
 /// topology and user mapping) in `project`, whose command `probe` makes once the session is up; the
-/// command's output is returned instead of shown. Everything is removed before it returns.
+/// command's output is returned instead of shown. Everything is removed before it returns; `progress`
+/// hears when the command has finished and the removal starts.
 pub fn run_probe(
     podman: &Podman,
     settings: &Settings,
     project: std::path::PathBuf,
     signals: &SignalWatch,
     probe: impl FnOnce(&ProbeTarget) -> anyhow::Result<Vec<OsString>>,
+    progress: &dyn Fn(&str),
 ) -> Result<std::process::Output, SessionError> {
     let (checked, probes) =
         checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
@@ -152,12 +156,14 @@ pub fn run_probe(
         router_ip: session.router_ip,
         loopbacks: session.loopbacks.clone(),
         rootless: checked.user.mapping == crate::podman::UserMapping::KeepId,
+        sandbox_uid: checked.user.host_uid,
         project: checked.project.clone(),
         home: checked.user.home.clone(),
     };
     let command = probe(&target).map_err(SessionError::Command)?;
     let out = command::run_captured(podman, settings, checked, &shared, &session, command)
         .map_err(SessionError::Command)?;
+    progress("probe finished; removing the session");
     cleanup.run();
     Ok(out)
 }

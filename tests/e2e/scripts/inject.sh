@@ -5,7 +5,7 @@
 # credentials file on the home volume holds placeholders of the sign-in tokens). Claude Code talks to
 # api.anthropic.com (and the token endpoint on platform.claude.com), which the session's router resolves
 # through the suite's own DNS to its stand-in.
-# shellcheck source=helpers.sh
+# shellcheck source-path=SCRIPTDIR source=helpers.sh
 . ./helpers.sh
 part=$1
 env > "env-$part.txt"

@@ -1,7 +1,10 @@
 //! `agent-sandbox doctor`: it passes here and names every check; each containment check is shown able
 //! to fail (the same probe in a plain container on a bridge network of the test's own); broken set-ups
 //! give ✗ with the fix and a non-zero exit. Every address probed is this machine's or the test's own
-//! containers': the host's resolvers are replaced by a resolv.conf naming this machine's own address.
+//! containers': the host's resolvers are replaced by a resolv.conf naming this machine's own address,
+//! and the host's lookup of the first allowlisted name (web.test) by a hosts file naming web.test's
+//! upstream container. Rootless, the nested probe (a nested podman container in the sandbox) must pass
+//! every check too; rootful, the doctor runs the sandbox as root and says why nested podman is not tried.
 
 use std::fs;
 use std::net::{TcpListener, UdpSocket};
@@ -51,6 +54,15 @@ const CONTAINMENT: &[&str] = &[
     "host-listeners",
 ];
 
+/// The nested probe's checks that do not depend on the targets.
+const NESTED: &[&str] = &[
+    "nested-podman",
+    "nested-netns",
+    "nested-dns-allowlisted",
+    "nested-dns-unlisted",
+    "nested-router",
+];
+
 /// This machine's first global IPv4 address.
 fn host_ipv4() -> String {
     let out = sh(Command::new("ip").args(["-4", "-o", "addr", "show", "scope", "global"]));
@@ -83,10 +95,18 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     let dir = s.project("doctor");
     let resolv = dir.join("host-resolv.conf");
     fs::write(&resolv, format!("nameserver {}\n", host_ipv4())).unwrap();
-    let env = [(
-        "AGENT_SANDBOX_DOCTOR_RESOLV_CONF",
-        resolv.display().to_string(),
-    )];
+    // The "outside" address of web.test: its upstream container, which the sandbox must not reach
+    // directly (and nothing on this host ever sends to).
+    let upstream = s.upstream_ip(0);
+    let hosts = dir.join("host-hosts");
+    fs::write(&hosts, format!("{upstream} web.test\n")).unwrap();
+    let env = [
+        (
+            "AGENT_SANDBOX_DOCTOR_RESOLV_CONF",
+            resolv.display().to_string(),
+        ),
+        ("AGENT_SANDBOX_DOCTOR_HOSTS", hosts.display().to_string()),
+    ];
 
     // 1. It passes here, and its table names every check.
     let t = Instant::now();
@@ -101,10 +121,7 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         r.code == Some(0),
         format!("[{name}] doctor passes: {}\n{}", r.stdout, r.stderr),
     );
-    let mut expected: Vec<&str> = PREREQS.iter().chain(CONTAINMENT).copied().collect();
-    if !s.mode.rootful() {
-        expected.push("nested-podman");
-    }
+    let expected: Vec<&str> = PREREQS.iter().chain(CONTAINMENT).copied().collect();
     for want in expected {
         let status = status_of(&checks, want);
         s.checks.check(
@@ -120,6 +137,64 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         }),
         format!("[{name}] doctor probes this host's addresses"),
     );
+    for want in [
+        format!("tcp-upstream-{upstream}"),
+        format!("nested-tcp-upstream-{upstream}"),
+    ] {
+        if want.starts_with("nested-") && s.mode.rootful() {
+            continue;
+        }
+        let status = status_of(&checks, &want);
+        s.checks.check(
+            status == Some("pass"),
+            format!(
+                "[{name}] doctor tries web.test's outside address directly: `{want}` {status:?}"
+            ),
+        );
+    }
+    if s.mode.rootful() {
+        let nested = checks.iter().find(|c| c["name"] == "nested-podman");
+        s.checks.check(
+            nested.is_some_and(|c| {
+                c["status"] == "warn"
+                    && c["detail"].as_str().is_some_and(|d| d.contains("rootful"))
+                    && c["fix"].as_str().is_some_and(|f| f.contains("rootless"))
+            }),
+            format!("[{name}] rootful, root sandbox: ! nested-podman with the reason: {nested:?}"),
+        );
+    } else {
+        for want in NESTED {
+            let status = status_of(&checks, want);
+            s.checks.check(
+                status == Some("pass"),
+                format!("[{name}] the nested container passes `{want}`: {status:?}"),
+            );
+        }
+        let nested_host = checks
+            .iter()
+            .filter(|c| {
+                c["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("nested-tcp-host-"))
+            })
+            .collect::<Vec<_>>();
+        s.checks.check(
+            !nested_host.is_empty() && nested_host.iter().all(|c| c["status"] == "pass"),
+            format!("[{name}] the nested container cannot reach this host: {nested_host:?}"),
+        );
+        // The nested image lives in the home volume, which outlasts the session: the doctor removes it.
+        let images = s.launch(
+            &dir,
+            &["--exec", "podman", "images", "--format", "{{.Repository}}"],
+        );
+        s.checks.check(
+            images.code == Some(0) && !images.stdout.contains("agent-sandbox-doctor-probe"),
+            format!(
+                "[{name}] the doctor leaves no nested image in the home volume: {}{}",
+                images.stdout, images.stderr
+            ),
+        );
+    }
     s.checks.check(
         took < Duration::from_secs(15),
         format!("[{name}] doctor runs in under 15 s: {took:.1?}"),
@@ -280,6 +355,26 @@ fn no_subordinate_ids(s: &mut Suite<'_>) {
     );
 }
 
+/// Runs the nested probe outside any sandbox (python3 in the sandbox image, as root in a plain
+/// container): a DNS server on the container's own 127.0.0.1:53 that echoes each query back as its
+/// answer, then the probe from the image's tarball with the arguments after `-c SCRIPT`.
+const NESTED_CONTROL: &str = r#"
+import socket, subprocess, sys, tarfile, threading
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 53))
+def serve():
+    while True:
+        q, peer = s.recvfrom(512)
+        r = bytearray(q)
+        r[2] |= 0x80
+        s.sendto(bytes(r), peer)
+threading.Thread(target=serve, daemon=True).start()
+tarfile.open("/usr/lib/agent-sandbox/nested-probe.tar").extractall("/tmp/nested")
+r = subprocess.run(["/tmp/nested/nested-probe", *sys.argv[1:]], capture_output=True, text=True, timeout=60)
+sys.stdout.write(r.stdout)
+sys.stderr.write(r.stderr)
+"#;
+
 /// The probe outside a sandbox: every check that a sandbox must pass reports failure here.
 fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
     let name = s.mode.name().to_owned();
@@ -291,17 +386,24 @@ fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
         tcp.local_addr().unwrap().port(),
         udp.local_addr().unwrap().port(),
     );
-    // A DNS server of the test's own on this host: it echoes the query back, which the probe reads as
-    // an answer (a sandbox must never get one from anything but its router).
+    // A DNS server of the test's own on this host: it echoes each query back, which the probes read as
+    // an answer (a sandbox must never get one from anything but its router). It serves both probe runs.
     let dns = UdpSocket::bind("0.0.0.0:0").unwrap();
-    dns.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    dns.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let dns_port = dns.local_addr().unwrap().port();
-    let echo = std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        if let Ok((n, peer)) = dns.recv_from(&mut buf) {
-            let _ = dns.send_to(&buf[..n], peer);
-        }
-    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let echo = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok((n, peer)) = dns.recv_from(&mut buf) {
+                    let _ = dns.send_to(&buf[..n], peer);
+                }
+            }
+        })
+    };
     let network = format!("as-e2e-doctor-{}", std::process::id());
     s.mode
         .podman_ok(&["network", "create", "--disable-dns", &network]);
@@ -311,7 +413,7 @@ fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
         "name": "web.test", "expect": "127.0.0.2", "unlisted": "unlisted.invalid",
         "tcp": [["host", host, tcp_port]], "udp": [["host", host, udp_port]],
         "dns": [["host", host, dns_port]],
-        "project": "/project", "home": "/root", "nested": false, "reach": [],
+        "project": "/project", "home": "/root", "nested": null, "reach": [],
     });
     let probe = fs::read_to_string(repo_file("launcher/src/doctor/probe.py")).unwrap();
     let script = "cp /bin/true /tmp/setuid-true && chmod u+s /tmp/setuid-true && exec python3 -c \"$0\" \"$1\"";
@@ -338,8 +440,78 @@ fn control(s: &mut Suite<'_>, dir: &std::path::Path) {
         &probe,
         &spec.to_string(),
     ]);
+    // The nested probe, outside any sandbox: from the sandbox image's tarball, in a container on the
+    // same bridge, its resolver a DNS server of the container's own on 127.0.0.1 that answers every
+    // query (so no query leaves the container), told a network namespace that is not its own.
+    let nested_udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+    nested_udp
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let nested_udp_port = nested_udp.local_addr().unwrap().port();
+    let nested_args = [
+        "--netns".to_owned(),
+        "net:[0]".to_owned(),
+        "--name".to_owned(),
+        "web.test".to_owned(),
+        "--expect".to_owned(),
+        "127.0.0.2".to_owned(),
+        "--unlisted".to_owned(),
+        "unlisted.invalid".to_owned(),
+        "--tcp".to_owned(),
+        format!("host,{host},{tcp_port}"),
+        "--udp".to_owned(),
+        format!("host,{host},{nested_udp_port}"),
+        "--dns".to_owned(),
+        format!("host,{host},{dns_port}"),
+    ];
+    let mut run: Vec<&str> = vec![
+        "run",
+        "--rm",
+        "--network",
+        &network,
+        "--dns",
+        "127.0.0.1",
+        "--user",
+        "0",
+        SANDBOX_IMAGE,
+        "python3",
+        "-c",
+        NESTED_CONTROL,
+    ];
+    run.extend(nested_args.iter().map(String::as_str));
+    let nested_out = s.mode.podman(&run);
     let _ = s.mode.podman(&["network", "rm", "--force", &network]);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = echo.join();
+    let nested_stdout = String::from_utf8_lossy(&nested_out.stdout).into_owned();
+    let nested_results: Vec<Value> = nested_stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    for check in [
+        "nested-netns".to_owned(),
+        "nested-dns-allowlisted".to_owned(),
+        "nested-dns-unlisted".to_owned(),
+        "nested-router".to_owned(),
+        format!("nested-tcp-host-{host}"),
+        format!("nested-dns-host-{host}"),
+    ] {
+        let r = nested_results.iter().find(|r| r["name"] == check.as_str());
+        s.checks.check(
+            r.is_some_and(|r| r["ok"] == false),
+            format!(
+                "[{name}] outside a sandbox, the nested probe's `{check}` reports failure: {r:?} {}",
+                if r.is_none() { crate::mode::text(&nested_out) } else { String::new() }
+            ),
+        );
+    }
+    let mut buf = [0u8; 64];
+    s.checks.check(
+        nested_udp.recv_from(&mut buf).is_ok(),
+        format!(
+            "[{name}] outside a sandbox, the nested probe's datagram reaches this host's listener"
+        ),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let results: Vec<Value> = stdout
         .lines()
