@@ -8,7 +8,8 @@
 //! ([`proxy`]) on all of them until the shutdown token is cancelled. Every worker decides on the same
 //! rules, held once in a [`live::Live`] holder that a reload ([`reload`]) replaces; the admin endpoint
 //! ([`admin`], [`metrics`]) reports readiness and counters. ARCHITECTURE.md follows one query, one
-//! connection and one session through the files.
+//! connection and one session through the files. Names a credential is added for (issue 20) have their
+//! TLS terminated by [`inject`]; every other name is spliced.
 
 pub mod admin;
 mod bind;
@@ -18,8 +19,6 @@ pub mod dns;
 mod dns_tcp;
 mod dns_udp;
 pub mod fairness;
-// Credential injection (issue 20). Nothing calls it until the terminated request loop is merged.
-#[allow(dead_code)]
 mod inject;
 pub mod live;
 pub mod logging;
@@ -34,6 +33,7 @@ mod workers;
 #[doc(hidden)]
 pub mod fuzz_api {
     pub use crate::dns_udp::{fuzz_parse as dns_udp_parse, FuzzQuestion as DnsQuestion};
+    pub use crate::inject::rewrite::fuzz_rewrite as inject_rewrite;
 }
 
 use std::fmt::Write as _;
@@ -42,6 +42,9 @@ use std::net::SocketAddr;
 use agent_sandbox_shared::ValidConfig;
 
 pub use bind::{bind_workers, Listeners, WorkerSockets};
+/// A stand-in OAuth token store for the tests of the terminated token exchange.
+#[cfg(feature = "test-support")]
+pub use inject::oauth_hook::TestStore;
 pub use workers::{run, Control, Handles};
 
 /// A human-readable description of the effective configuration, for `--check`.
@@ -86,6 +89,14 @@ pub fn describe(config: &ValidConfig) -> String {
             .join(", ")
     };
     let _ = writeln!(out, "upstream resolvers: {resolvers}");
+    if let Some(inject) = &config.inject {
+        let names: Vec<&str> = inject.terminated.iter().map(|h| h.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "TLS terminated to add credentials: {} (every other name is spliced)",
+            names.join(", ")
+        );
+    }
     let limits = &config.limits;
     let _ = writeln!(
         out,

@@ -172,6 +172,17 @@ label_enum! {
 }
 
 label_enum! {
+    /// The credential the router put into a request on a terminated connection
+    /// (`injected_requests_total{credential}`).
+    Injected {
+        /// The API key.
+        ApiKey => "api_key",
+        /// An OAuth token.
+        OAuth => "oauth",
+    }
+}
+
+label_enum! {
     /// Outcome of a policy reload (`config_reloads_total{result}`).
     ReloadResult {
         /// The new policy was applied whole.
@@ -241,6 +252,10 @@ pub struct Metrics {
     bytes: Padded<[AtomicU64; Direction::COUNT]>,
     /// Time to connect to an upstream.
     upstream_connect: Padded<Histogram>,
+    /// TLS connections the router terminated to add a credential (issue 20).
+    terminated: AtomicU64,
+    /// Requests on terminated connections that got a credential, by which.
+    injected: [AtomicU64; Injected::COUNT],
     /// Reloads by result.
     reloads: [AtomicU64; ReloadResult::COUNT],
     /// Unix time in milliseconds of the last successful load (start-up or reload); 0 before any.
@@ -279,6 +294,8 @@ impl Metrics {
             closes: Padded(zeroed()),
             bytes: Padded(zeroed()),
             upstream_connect: Padded(Histogram::new()),
+            terminated: AtomicU64::new(0),
+            injected: zeroed(),
             reloads: zeroed(),
             last_reload_success_ms: AtomicU64::new(0),
             allowlist_entries: AtomicU64::new(0),
@@ -320,6 +337,28 @@ impl Metrics {
     /// Records how long a successful upstream connect took.
     pub fn upstream_connect(&self, took: Duration) {
         self.upstream_connect.0.observe(took);
+    }
+
+    /// Counts a TLS connection the router terminated (its handshake with the client completed).
+    pub fn terminated(&self) {
+        self.terminated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request that got `credential` on a terminated connection.
+    pub fn injected(&self, credential: Injected) {
+        self.injected[credential.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Terminated connections so far.
+    #[must_use]
+    pub fn terminated_connections(&self) -> u64 {
+        self.terminated.load(Ordering::Relaxed)
+    }
+
+    /// Requests that got `credential` so far.
+    #[must_use]
+    pub fn injected_requests(&self, credential: Injected) -> u64 {
+        self.injected[credential.index()].load(Ordering::Relaxed)
     }
 
     /// Counts a lookup under a wildcard entry that spent a unit of its client's budget.
@@ -395,6 +434,8 @@ impl Metrics {
             + CloseReason::COUNT
             + Direction::COUNT
             + (CONNECT_BUCKETS.len() + 1 + 2)
+            + 1 // terminated connections
+            + Injected::COUNT
             + ReloadResult::COUNT
             + 1 // last reload success timestamp
             + 1 // allowlist entries
@@ -490,6 +531,26 @@ impl Metrics {
         }
 
         self.render_histogram(&mut out);
+
+        out.family(
+            "terminated_connections_total",
+            "TLS connections the router terminated to add a credential (the rest are spliced).",
+            "counter",
+        );
+        out.sample_u64("terminated_connections_total", &[], load(&self.terminated));
+
+        out.family(
+            "injected_requests_total",
+            "Requests on terminated connections that got a credential, by credential.",
+            "counter",
+        );
+        for &c in Injected::ALL {
+            out.sample_u64(
+                "injected_requests_total",
+                &[("credential", c.label())],
+                load(&self.injected[c.index()]),
+            );
+        }
 
         out.family(
             "config_reloads_total",

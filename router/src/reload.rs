@@ -3,7 +3,7 @@
 //! How it fits: SIGHUP ([`crate::Handles::reload`]) and the allowlist watch ([`crate::watch`]) wake the
 //! reload task on the first worker, which calls [`Reloader::reload`]. A reload (1) re-reads everything the
 //! command line names, through the same parsing and validation as at start-up; (2) refuses changes that
-//! need a restart (listener addresses, resolvers, limits); (3) binds the listeners of `host:port` entries
+//! need a restart (listener addresses, resolvers, limits, `[inject]`); (3) binds the listeners of `host:port` entries
 //! the new policy adds, one per worker; and only when all of that succeeded (4) replaces the rules every
 //! worker reads ([`crate::live`]), hands the new listeners to the workers and closes the listeners of
 //! removed entries. Any failure leaves the old policy whole and serving, logs every error (with file and
@@ -37,6 +37,8 @@ struct Fixed {
     resolvers: Vec<SocketAddr>,
     /// Timeouts and the connection cap.
     limits: Limits,
+    /// Credential injection: its CA, leaf, keys and store are loaded once, at start.
+    inject: Option<agent_sandbox_shared::inject::InjectConfig>,
 }
 
 impl Fixed {
@@ -45,6 +47,7 @@ impl Fixed {
             listen: config.listen.clone(),
             resolvers: config.resolvers.clone(),
             limits: config.limits,
+            inject: config.inject.as_ref().map(|i| i.config.clone()),
         }
     }
 
@@ -66,6 +69,9 @@ impl Fixed {
         }
         if self.limits != new.limits {
             out.push("the timeouts or the connection cap changed".into());
+        }
+        if self.inject != new.inject {
+            out.push("the [inject] section changed".into());
         }
         out
     }
@@ -312,4 +318,33 @@ fn answer_addresses(config: &ValidConfig) -> BTreeSet<IpAddr> {
         .chain(answers.hosts.values().copied())
         .map(IpAddr::V4)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_sandbox_shared::RouterConfig;
+
+    fn config(placeholder: Option<&str>) -> ValidConfig {
+        let mut toml =
+            "hosts = [\"api.example.test\"]\n[listen]\n[answers]\ndefault = \"127.0.0.2\"\n"
+                .to_owned();
+        if let Some(p) = placeholder {
+            toml.push_str(&format!(
+                "[inject]\nca_cert = \"/s/ca.pem\"\nca_key = \"/s/ca.key\"\n[inject.api_key]\nhosts = [\"api.example.test\"]\nplaceholder = \"{p}\"\nkey_file = \"/s/key\"\n"
+            ));
+        }
+        RouterConfig::from_toml(&toml).unwrap().validate().unwrap()
+    }
+
+    #[test]
+    fn an_inject_change_needs_a_restart() {
+        let none = Fixed::of(&config(None));
+        let one = Fixed::of(&config(Some("sk-ant-api03-placeholder-1111111111")));
+        let two = Fixed::of(&config(Some("sk-ant-api03-placeholder-2222222222")));
+        assert!(one.changes(&one.clone()).is_empty());
+        for (a, b) in [(&none, &one), (&one, &none), (&one, &two)] {
+            assert_eq!(a.changes(b), ["the [inject] section changed"]);
+        }
+    }
 }

@@ -140,6 +140,8 @@ struct Shared {
     /// Each `host:port` entry's "stop accepting" token (children of `drain`), the same for every
     /// worker's listener of that entry, so a reload can close them all.
     forward_stops: Arc<BTreeMap<(HostName, u16), CancellationToken>>,
+    /// Credential injection, loaded once at start (the CA, the leaf, the keys), for every worker.
+    inject: Option<Arc<crate::inject::Injector>>,
 }
 
 /// Serves `sets` (from [`crate::bind_workers`]) with one single-threaded runtime per worker, the first on
@@ -166,7 +168,10 @@ pub fn run(
         .iter()
         .map(|(host, port, _)| ((host.clone(), *port), drain.child_token()))
         .collect();
+    // Fail closed: an `[inject]` section that cannot be served stops the router here.
+    let inject = proxy::load_inject(&config).context("cannot set up credential injection")?;
     let shared = Shared {
+        inject,
         rules: Live::new(config.rules.clone()),
         bounds: Bounds::with_metrics(&config.limits, Arc::clone(&metrics)),
         metrics,
@@ -475,7 +480,8 @@ async fn run_worker(
     // Everything that can fail is set up before anything is served.
     let proxy = Arc::new(
         proxy::Proxy::with_shared(&config, shared.rules.clone(), shared.bounds)
-            .context("cannot set up the proxy")?,
+            .context("cannot set up the proxy")?
+            .with_inject(shared.inject),
     );
     ready();
     let shutdown = shared.shutdown;

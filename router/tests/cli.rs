@@ -313,3 +313,49 @@ fn refusals_name_the_allowlist_in_use() {
     drop(bare);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// An `[inject]` section whose files cannot be read stops the router at start, naming the file: it
+/// must not serve with placeholders it cannot swap (issue 20).
+#[test]
+fn unreadable_inject_files_stop_the_start() {
+    let dir = temp_dir("cli");
+    let ca = dir.join("missing-ca.pem");
+    let cfg = write_file(
+        &dir,
+        "router.toml",
+        &format!(
+            "hosts = [\"api.example.test\"]\n[listen]\ndns = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nhttps = \"127.0.0.1:0\"\n\
+             [answers]\ndefault = \"127.0.0.2\"\n\
+             [inject]\nca_cert = {ca:?}\nca_key = {:?}\n\
+             [inject.api_key]\nhosts = [\"api.example.test\"]\nplaceholder = \"sk-ant-api03-placeholder-0000000000\"\nkey_file = {:?}\n",
+            dir.join("missing-ca.key"),
+            dir.join("key"),
+        ),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"))
+        .args(["--config", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run router");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the router started despite an unreadable [inject] section");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("credential injection") && stderr.contains(ca.to_str().unwrap()),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

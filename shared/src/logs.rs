@@ -14,7 +14,13 @@
 //!   reason) at once and folds repeats within a few seconds into one later line with their count, so
 //!   readers that count refusals must sum [`COUNT`].
 //! - [`CONNECTION`]: one when a TCP connection ends, however it ends, with [`CLIENT`], [`LISTENER`],
-//!   [`NAME`], [`DECISION`], [`UPSTREAM`], [`BYTES_UP`], [`BYTES_DOWN`], [`DURATION_MS`].
+//!   [`NAME`], [`DECISION`], [`UPSTREAM`], [`BYTES_UP`], [`BYTES_DOWN`], [`DURATION_MS`]. A connection
+//!   whose TLS the router terminated to add a credential (issue 20) ends [`Decision::Terminated`] (or
+//!   [`Decision::UpstreamError`]).
+//! - [`REQUEST`]: one per request on a terminated connection, with [`CLIENT`], [`NAME`] and
+//!   [`CREDENTIAL`] (a [`Credential`]: which credential the router put in; never its value).
+//! - [`SECRET_IN_RESPONSE`]: a real secret appeared in an upstream's response on a terminated
+//!   connection, which was cut at once; with [`CLIENT`] and [`NAME`] (never the value).
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,6 +31,10 @@ pub const LISTENING_ON: &str = "listening on ";
 pub const REFUSED: &str = "refused";
 /// The message of the event that ends every TCP connection.
 pub const CONNECTION: &str = "connection";
+/// The message of the event for each request on a terminated connection.
+pub const REQUEST: &str = "request";
+/// The message of the event for a response that carried a real secret (the connection was cut).
+pub const SECRET_IN_RESPONSE: &str = "secret_in_response";
 
 /// The JSON field that holds an event's message (tracing-subscriber's JSON format, under `fields`).
 pub const MESSAGE: &str = "message";
@@ -50,6 +60,8 @@ pub const BYTES_UP: &str = "bytes_up";
 pub const BYTES_DOWN: &str = "bytes_down";
 /// The connection's lifetime in milliseconds.
 pub const DURATION_MS: &str = "duration_ms";
+/// Which credential the router added to a request: a [`Credential`].
+pub const CREDENTIAL: &str = "credential";
 
 /// What kind of request a refusal concerns; also the listener a connection came in on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,16 +105,19 @@ pub enum Decision {
     Allowed,
     /// Allowed, but the upstream could not be reached or misbehaved.
     UpstreamError,
+    /// Allowed, and its TLS terminated by the router to add a credential (issue 20).
+    Terminated,
 }
 
 impl Decision {
     /// Every decision.
-    pub const ALL: [Decision; 5] = [
+    pub const ALL: [Decision; 6] = [
         Decision::Cancelled,
         Decision::Closed,
         Decision::Refused,
         Decision::Allowed,
         Decision::UpstreamError,
+        Decision::Terminated,
     ];
 
     /// The spelling in logs.
@@ -114,6 +129,33 @@ impl Decision {
             Decision::Refused => "refused",
             Decision::Allowed => "allowed",
             Decision::UpstreamError => "upstream-error",
+            Decision::Terminated => "terminated",
+        }
+    }
+}
+
+/// Which credential the router put into a request on a terminated connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Credential {
+    /// None: no header held a placeholder (or not on a host that gets one).
+    None,
+    /// The API key (`x-api-key` or `Authorization: Bearer`).
+    ApiKey,
+    /// An OAuth access token (`Authorization: Bearer`), or a token request's refresh token.
+    OAuth,
+}
+
+impl Credential {
+    /// Every credential.
+    pub const ALL: [Credential; 3] = [Credential::None, Credential::ApiKey, Credential::OAuth];
+
+    /// The spelling in logs.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Credential::None => "none",
+            Credential::ApiKey => "api_key",
+            Credential::OAuth => "oauth",
         }
     }
 }
@@ -153,6 +195,7 @@ macro_rules! spelled {
 
 spelled!(Kind, "kind");
 spelled!(Decision, "decision");
+spelled!(Credential, "credential");
 
 #[cfg(test)]
 mod tests {
@@ -166,6 +209,9 @@ mod tests {
         }
         for d in Decision::ALL {
             assert_eq!(d.as_str().parse::<Decision>(), Ok(d));
+        }
+        for c in Credential::ALL {
+            assert_eq!(c.as_str().parse::<Credential>(), Ok(c));
         }
         assert_eq!(
             "nope".parse::<Decision>(),

@@ -171,7 +171,7 @@ impl Drop for ConnLog {
         let (up, down) = (*self.bytes_up.get_mut(), *self.bytes_down.get_mut());
         let counted = match decision {
             _ if *self.client_failed.get_mut() => metrics::Decision::Failed,
-            Decision::Allowed => metrics::Decision::Allowed,
+            Decision::Allowed | Decision::Terminated => metrics::Decision::Allowed,
             Decision::Refused => metrics::Decision::Refused,
             Decision::Cancelled | Decision::Closed | Decision::UpstreamError => {
                 metrics::Decision::Failed

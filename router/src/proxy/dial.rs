@@ -24,7 +24,7 @@ impl Proxy {
     /// Dials `name:port` for the connection logged by `log`. On success the upstream address is logged
     /// and the connection counts as allowed; on failure it is logged as a refusal (the address check
     /// refused every address) or an upstream error, and the error is returned for the driver to answer.
-    pub(super) async fn dial(
+    pub(crate) async fn dial(
         &self,
         name: &HostName,
         port: u16,

@@ -36,7 +36,7 @@
 //! it.
 
 pub mod cache;
-mod conn_log;
+pub(crate) mod conn_log;
 mod dial;
 mod forward_conn;
 pub mod http;
@@ -64,6 +64,7 @@ use self::refusal::Refusals;
 use self::upstream::Upstream;
 use crate::dns::DnsHandler;
 use crate::fairness::Bounds;
+use crate::inject::Injector;
 use crate::live::{Live, LiveRules};
 use crate::metrics::{CloseReason, Listener};
 
@@ -84,9 +85,9 @@ pub struct Proxy {
     upstream: Upstream,
     /// The connection caps (global and per client), the wildcard budget and the resolver cache, shared
     /// with the other workers.
-    bounds: Bounds,
+    pub(crate) bounds: Bounds,
     /// How long a client may take to send its ClientHello or request head.
-    peek_timeout: Duration,
+    pub(crate) peek_timeout: Duration,
     /// No byte in either direction for this long closes a relay or an idle kept-alive connection.
     idle_timeout: Duration,
     /// The texts refused clients see.
@@ -95,11 +96,14 @@ pub struct Proxy {
     /// router; not in a test proxy from [`Proxy::new`], whose tests match each refusal to its
     /// connection (and whose multi-threaded test runtimes have no per-worker flush task).
     coalesce: bool,
+    /// Credential injection: the names whose TLS is terminated and what that needs (issue 20);
+    /// `None`: every allowed SNI is spliced.
+    inject: Option<Arc<Injector>>,
 }
 
 impl Proxy {
     /// A proxy of its own (rules and bounds not shared with anything), logging every refusal on a line
-    /// of its own: what tests use.
+    /// of its own: what tests use. Loads the `[inject]` section's files, if any.
     pub fn new(config: &ValidConfig) -> anyhow::Result<Proxy> {
         let mut proxy = Proxy::with_shared(
             config,
@@ -107,7 +111,37 @@ impl Proxy {
             Bounds::new(&config.limits),
         )?;
         proxy.coalesce = false;
+        proxy.inject = load_inject(config)?;
         Ok(proxy)
+    }
+
+    /// [`Proxy::new`] with `store` standing in for the OAuth token store of the `[inject]` section (the
+    /// tests of the terminated token exchange).
+    #[cfg(feature = "test-support")]
+    pub fn with_test_oauth(
+        config: &ValidConfig,
+        store: crate::inject::oauth_hook::TestStore,
+    ) -> anyhow::Result<Proxy> {
+        let mut proxy = Proxy::new(&ValidConfig {
+            inject: None,
+            ..config.clone()
+        })?;
+        let inject = config
+            .inject
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no [inject] section"))?;
+        proxy.inject = Some(Arc::new(Injector::load_with(
+            inject,
+            Some(Arc::new(store)),
+        )?));
+        Ok(proxy)
+    }
+
+    /// This proxy terminating TLS for the names `inject` covers (loaded once, shared by the workers).
+    #[must_use]
+    pub(crate) fn with_inject(mut self, inject: Option<Arc<Injector>>) -> Proxy {
+        self.inject = inject;
+        self
     }
 
     /// Builds the resolver (`config.resolvers`, or the system's /etc/resolv.conf and /etc/hosts when
@@ -141,6 +175,7 @@ impl Proxy {
             idle_timeout: config.limits.idle_timeout,
             refusals: Refusals::new(config.allowlist.clone()),
             coalesce: true,
+            inject: None,
         })
     }
 
@@ -190,7 +225,11 @@ impl Proxy {
     /// Runs `work` (a connection's relaying) until it ends, or until no byte has moved in either
     /// direction on `log`'s counters for the idle timeout (`None`: closed as idle; dropping `work`
     /// and then the sockets closes both sides).
-    async fn until_idle<T>(&self, log: &ConnLog, work: impl Future<Output = T>) -> Option<T> {
+    pub(crate) async fn until_idle<T>(
+        &self,
+        log: &ConnLog,
+        work: impl Future<Output = T>,
+    ) -> Option<T> {
         tokio::select! {
             r = work => Some(r),
             () = relay::idle(&log.bytes_up, &log.bytes_down, self.idle_timeout) => {
@@ -223,6 +262,17 @@ impl Proxy {
         })
         .await;
     }
+}
+
+/// Loads what the configuration's `[inject]` section names; `None` without one. Fails (the router does
+/// not start) on anything unreadable or invalid.
+pub(crate) fn load_inject(config: &ValidConfig) -> anyhow::Result<Option<Arc<Injector>>> {
+    config
+        .inject
+        .as_ref()
+        .map(|i| Injector::load(i).map(Arc::new))
+        .transpose()
+        .map_err(anyhow::Error::new)
 }
 
 /// A client-supplied name made safe for a log line or a response: escaped, truncated.

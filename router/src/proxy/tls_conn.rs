@@ -1,6 +1,9 @@
 //! One TLS connection on the HTTPS listener: read the ClientHello, decide on its SNI, dial name:443,
 //! write the buffered hello unchanged, relay.
 //!
+//! A name in the `[inject]` section's terminated set goes to [`crate::inject::terminate`] instead,
+//! with the hello's bytes, once the decision is made; nothing else changes for it before that point.
+//!
 //! How it fits: the accept loop ([`super::listener`]) runs [`Proxy::handle_tls`] per connection; the
 //! hello is parsed by the pure [`HelloReader`](super::tls::HelloReader); refusals are answered with a
 //! TLS alert ([`super::refusal`]).
@@ -64,6 +67,14 @@ impl Proxy {
         };
         drop(rules);
         log.set_name(name.as_str());
+        // A name a credential is added for is answered by the router itself (issue 20); every other
+        // allowed name is spliced.
+        if let Some(inject) = self.inject.as_ref().filter(|i| i.terminates(&name)) {
+            let inject = Arc::clone(inject);
+            let hello = reader.into_buffered();
+            crate::inject::terminate::serve(&self, &inject, client, hello, name, &log).await;
+            return;
+        }
         let upstream = match self.dial(&name, 443, &log).await {
             Ok(s) => s,
             Err(e) => {
