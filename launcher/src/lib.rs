@@ -78,7 +78,13 @@ fn inject_report(settings: &Settings) -> String {
         Ok(list) => agent_sandbox_shared::Policy::new(&list),
         Err(e) => return format!("inject:         unknown: the allowlist does not load: {e}\n"),
     };
-    let decision = inject::decide(&policy, inject::host_api_key().is_some(), settings.inject);
+    let store = oauth::default_store_dir();
+    let decision = inject::decide(
+        &policy,
+        inject::host_api_key().is_some(),
+        store.as_deref(),
+        settings.inject,
+    );
     let placeholder =
         inject::placeholder::stored(&settings.state_dir, &settings.home_volume).unwrap_or(None);
     inject::describe(

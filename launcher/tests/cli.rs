@@ -85,6 +85,47 @@ fn print_config_shows_overrides() {
 }
 
 #[test]
+fn print_config_shows_the_oauth_injection_and_its_store() {
+    let s = Scratch::new("print-oauth");
+    let state = s.root.join("state");
+    let run = |extra: &[&str]| {
+        let o = Command::new(LAUNCHER)
+            .arg("--print-config")
+            .args(extra)
+            .env_clear()
+            .env("HOME", s.home())
+            .env("XDG_STATE_HOME", &state)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // No allowlist yet: judged by the default, which allows both hosts of the sign-in.
+    let out = run(&[]);
+    assert!(
+        out.contains("terminated: api.anthropic.com, platform.claude.com"),
+        "{out}"
+    );
+    assert!(out.contains("[inject.oauth]"), "{out}");
+    assert!(out.contains("token_path = \"/v1/oauth/token\""), "{out}");
+    let store = state.join("agent-sandbox/oauth").display().to_string();
+    assert!(
+        out.contains(&format!(
+            "store_dir = \"/etc/agent-sandbox-oauth\"  # {store} on the host"
+        )),
+        "{out}"
+    );
+    // Printing makes nothing: the store is the first session's to create.
+    assert!(!state.exists());
+    let out = run(&["--no-inject"]);
+    assert!(!out.contains("[inject.oauth]"), "{out}");
+    assert!(
+        out.contains("sign-in tokens stay on the home volume"),
+        "{out}"
+    );
+}
+
+#[test]
 fn refuses_home_its_parents_and_the_allowlists_directory() {
     let s = Scratch::new("refuse");
     let config = s.home().join(".config/agent-sandbox");

@@ -1,13 +1,18 @@
-"""A stand-in api.anthropic.com for the end-to-end suite's `inject` scenario, and the router's DNS.
+"""A stand-in api.anthropic.com and platform.claude.com for the end-to-end suite's `inject` scenario,
+and the router's DNS.
 
-- DNS on UDP 53: `api.anthropic.com` A is this container's own address; every other name is NXDOMAIN.
-  Nothing is ever forwarded, so a router pointed here can resolve no real name.
-- HTTPS on 443 (certificate from the suite's test CA): a canned Messages API. POST /v1/messages answers
-  a short streamed message (server-sent events, message_start ... message_stop) when the request asks
-  for a stream, else the same message as JSON; anything else gets `{}`.
+- DNS on UDP 53: `api.anthropic.com` and `platform.claude.com` A are this container's own address;
+  every other name is NXDOMAIN. Nothing is ever forwarded, so a router pointed here can resolve no real
+  name.
+- HTTPS on 443 (certificate from the suite's test CA, for both names): a canned Messages API. POST
+  /v1/messages answers a short streamed message (server-sent events, message_start ... message_stop)
+  when the request asks for a stream, else the same message as JSON. POST /v1/oauth/token (the token
+  endpoint) answers new tokens: STANDIN_NEW_ACCESS and STANDIN_NEW_REFRESH from the environment (the
+  suite's own fakes). Anything else gets `{}`.
 
-Every request is logged on stdout as one line `request METHOD PATH key=<x-api-key> auth=<authorization>`,
-so the suite can tell which key arrived. The keys are the suite's own fake ones.
+Every request is logged on stdout as one line `request METHOD PATH host=<Host> key=<x-api-key>
+auth=<authorization> refresh=<the body's refresh_token>`, so the suite can tell which credentials
+arrived. The credentials are the suite's own fake ones.
 
 Runs in a container on the agent-sandbox-egress network, started and removed by the suite.
 """
@@ -22,7 +27,7 @@ import sys
 import threading
 
 CERTS = os.environ.get("STANDIN_CERTS", "/srv/certs")
-NAME = "api.anthropic.com"
+NAMES = ("api.anthropic.com", "platform.claude.com")
 TEXT = "stand-in says hello"
 
 
@@ -53,7 +58,7 @@ def dns_answer(query, address):
     question = query[12 : i + 4]
     name = ".".join(labels)
     flags = 0x8400 | (query[2] & 0x01) << 8  # response, authoritative, RD copied
-    if name != NAME:
+    if name not in NAMES:
         header = query[:2] + (flags | 3).to_bytes(2, "big") + b"\x00\x01\x00\x00\x00\x00\x00\x00"
         return header + question
     if qtype != 1:
@@ -136,10 +141,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def handle_any(self):
         data = self.body()
+        try:
+            refresh = json.loads(data or b"{}").get("refresh_token", "")
+        except (ValueError, AttributeError):
+            refresh = ""
         log(
-            f"request {self.command} {self.path} key={self.headers.get('x-api-key', '')} "
-            f"auth={self.headers.get('Authorization', '')}"
+            f"request {self.command} {self.path} host={self.headers.get('Host', '')} "
+            f"key={self.headers.get('x-api-key', '')} auth={self.headers.get('Authorization', '')} "
+            f"refresh={refresh}"
         )
+        if self.command == "POST" and self.path.split("?")[0] == "/v1/oauth/token":
+            tokens = {
+                "token_type": "Bearer",
+                "access_token": os.environ.get("STANDIN_NEW_ACCESS", ""),
+                "refresh_token": os.environ.get("STANDIN_NEW_REFRESH", ""),
+                "expires_in": 28800,
+                "scope": "user:inference user:profile",
+            }
+            self.reply(200, "application/json", json.dumps(tokens).encode())
+            return
         if self.command == "POST" and self.path.split("?")[0] == "/v1/messages":
             try:
                 req = json.loads(data or b"{}")

@@ -54,6 +54,8 @@ pub(crate) struct Facts {
     pub(crate) aardvark: Option<PathBuf>,
     /// `ANTHROPIC_API_KEY` is set (which hosts a session terminates depends on it).
     pub(crate) api_key_set: bool,
+    /// The OAuth token store's place (`crate::oauth::default_store_dir`; None: it has none).
+    pub(crate) oauth_store: Option<PathBuf>,
 }
 
 /// Runs the read-only queries (podman's at once) and reads the kernel's settings.
@@ -112,6 +114,7 @@ pub(crate) fn gather(podman: &Podman, settings: &Settings) -> Facts {
             .map(PathBuf::from)
             .find(|p| p.is_file()),
         api_key_set: crate::inject::host_api_key().is_some(),
+        oauth_store: crate::oauth::default_store_dir(),
     }
 }
 
@@ -198,7 +201,11 @@ pub(crate) fn judge(facts: &Facts) -> Vec<Check> {
         }
     }
     out.push(allowlist(&facts.allowlist));
-    out.push(credentials(&facts.allowlist, facts.api_key_set));
+    out.push(credentials(
+        &facts.allowlist,
+        facts.api_key_set,
+        facts.oauth_store.as_deref(),
+    ));
     out.push(home_volume(&facts.volume.0, &facts.volume.1));
     out.push(leftovers(&facts.session_networks));
     out.push(storage(&info.store.graph_driver_name, sandbox_size));
@@ -518,8 +525,9 @@ fn allowlist(path: &Path) -> Check {
     }
 }
 
-/// Which hosts a session would terminate to add credentials, and why (information: never a failure).
-fn credentials(path: &Path, api_key_set: bool) -> Check {
+/// Which hosts a session would terminate to add credentials, and why, with the OAuth token store's
+/// place (information: never a failure; never a token).
+fn credentials(path: &Path, api_key_set: bool, oauth_store: Option<&Path>) -> Check {
     let policy = match Allowlist::load(path) {
         Ok(list) => agent_sandbox_shared::Policy::new(&list),
         Err(_) => match Allowlist::parse(crate::settings::EMBEDDED_ALLOWLIST, "default") {
@@ -535,7 +543,7 @@ fn credentials(path: &Path, api_key_set: bool) -> Check {
             }
         },
     };
-    let decision = crate::inject::decide(&policy, api_key_set, true);
+    let decision = crate::inject::decide(&policy, api_key_set, oauth_store, true);
     pass("credential injection", decision.summary())
 }
 
@@ -671,6 +679,7 @@ mod tests {
             runtime_dir: None,
             aardvark: None,
             api_key_set: false,
+            oauth_store: None,
         }
     }
 
@@ -679,24 +688,45 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("as-doctor-inject-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let list = dir.join("allowed-hosts");
+        let store = dir.join("state/agent-sandbox/oauth");
         fs::write(&list, "api.anthropic.com\n").unwrap();
-        let c = credentials(&list, true);
+        let c = credentials(&list, true, Some(&store));
         assert_eq!(c.status, Status::Pass);
         assert!(
-            c.detail.starts_with("terminated: api.anthropic.com"),
+            c.detail.starts_with("terminated: api.anthropic.com ("),
             "{}",
             c.detail
         );
-        let c = credentials(&list, false);
+        assert!(
+            c.detail
+                .contains("platform.claude.com is not on the allowlist"),
+            "{}",
+            c.detail
+        );
+        let c = credentials(&list, false, Some(&store));
         assert!(
             c.detail.contains("ANTHROPIC_API_KEY is not set"),
             "{}",
             c.detail
         );
         fs::write(&list, "example.com\n").unwrap();
-        assert!(credentials(&list, true)
+        assert!(credentials(&list, true, Some(&store))
             .detail
             .contains("not on the allowlist"));
+        // Both hosts of the sign-in allowed: both terminated, and the store's place is shown.
+        fs::write(&list, "api.anthropic.com\nplatform.claude.com\n").unwrap();
+        let c = credentials(&list, false, Some(&store));
+        assert!(
+            c.detail
+                .starts_with("terminated: api.anthropic.com, platform.claude.com ("),
+            "{}",
+            c.detail
+        );
+        assert!(
+            c.detail.contains(&store.display().to_string()),
+            "{}",
+            c.detail
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -4,15 +4,17 @@
 //! key, terminates TLS for the hosts that need a credential and swaps the placeholder for the key on
 //! the wire. For that the launcher makes, per session:
 //!
-//! - [`decide`]: which hosts are terminated, and why (shown by `--print-config` and `doctor` too);
+//! - [`decide`]: which hosts are terminated, and why (shown by `--print-config` and `doctor` too): the
+//!   API key's host, and the OAuth sign-in's two hosts, whose host-side token store
+//!   (`crate::oauth`) is mounted read-write into the router only;
 //! - [`ca`]: a short-lived CA name-constrained to those hosts, which signs the router's leaves;
 //! - [`placeholder`]: the placeholder key, stable per home volume;
 //! - [`prepare`]: the session directory's `inject/` (`ca.pem`, `ca.key`, `api-key`), mounted read-only
 //!   into the router only, and what the sandbox gets instead: the CA certificate, a CA bundle of the
 //!   image's roots plus the session CA over the system bundle, and the environment pointing at them.
 //!
-//! `--no-inject` turns all of it off: the real key goes into the sandbox's environment as before and
-//! nothing is terminated.
+//! `--no-inject` turns all of it off: the real key goes into the sandbox's environment as before,
+//! nothing is terminated, and the sign-in tokens stay wherever they are.
 
 pub mod ca;
 pub mod placeholder;
@@ -25,17 +27,20 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 
-use agent_sandbox_shared::inject::{ApiKeyInject, InjectConfig};
+use agent_sandbox_shared::inject::{ApiKeyInject, InjectConfig, OAuthInject};
 use agent_sandbox_shared::{HostName, Policy};
 
 use crate::podman::{
-    args, Podman, ROUTER_GID, ROUTER_INJECT_DIR, ROUTER_UID, SANDBOX_SESSION_CA, SYSTEM_CA_BUNDLE,
+    args, Podman, ROUTER_GID, ROUTER_INJECT_DIR, ROUTER_OAUTH_DIR, ROUTER_UID, SANDBOX_SESSION_CA,
+    SYSTEM_CA_BUNDLE,
 };
 
 /// The host that receives the API key (and the OAuth access token).
 pub const API_HOST: &str = "api.anthropic.com";
 /// The host of the OAuth token endpoint.
 pub const TOKEN_HOST: &str = "platform.claude.com";
+/// The OAuth token endpoint's path on [`TOKEN_HOST`].
+pub const TOKEN_PATH: &str = "/v1/oauth/token";
 /// The host environment variable holding the real API key.
 pub const API_KEY_VAR: &str = "ANTHROPIC_API_KEY";
 
@@ -64,6 +69,9 @@ const MAX_BUNDLE: usize = 8 << 20;
 pub struct Decision {
     /// Hosts that get the API key (terminated).
     pub api_key_hosts: Vec<String>,
+    /// The OAuth token store on the host when the sign-in is injected: [`API_HOST`] gets the access
+    /// token and [`TOKEN_HOST`]'s token endpoint is rewritten (both terminated). None: not injected.
+    pub oauth_store: Option<PathBuf>,
     /// One line per host or credential: what happens and why.
     pub reasons: Vec<String>,
     /// `--no-inject` was given.
@@ -71,10 +79,16 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Every terminated host.
+    /// Every terminated host, sorted, each once.
     #[must_use]
     pub fn terminated(&self) -> Vec<String> {
-        self.api_key_hosts.clone()
+        let mut hosts = self.api_key_hosts.clone();
+        if self.oauth_store.is_some() {
+            hosts.extend([API_HOST.to_owned(), TOKEN_HOST.to_owned()]);
+        }
+        hosts.sort();
+        hosts.dedup();
+        hosts
     }
 
     /// One line: which hosts are terminated, and why (`doctor`, `--print-config`).
@@ -90,25 +104,34 @@ impl Decision {
     }
 }
 
-/// Decides what a session terminates: `api.anthropic.com` when the host has an API key for it and the
-/// allowlist allows it; nothing with `--no-inject` (`enabled` false).
-///
-/// OAuth (the subscription sign-in: `api.anthropic.com` for the access token, `platform.claude.com`
-/// for the token endpoint) is not decided here yet: its host-side store is a separate change.
+/// Decides what a session terminates; nothing with `--no-inject` (`enabled` false). Each credential
+/// on its own:
+/// - the API key: `api.anthropic.com` when the host has a key and the allowlist allows the host;
+/// - the OAuth sign-in: `api.anthropic.com` (access token) and `platform.claude.com` (token endpoint)
+///   when the allowlist allows both (signing in needs both) and the token store has a place
+///   (`store_dir`, from [`crate::oauth::default_store_dir`]). Decided whether or not anyone is signed
+///   in: `/login` inside the sandbox must also end with the tokens in the store.
 #[must_use]
-pub fn decide(policy: &Policy, api_key_set: bool, enabled: bool) -> Decision {
+pub fn decide(
+    policy: &Policy,
+    api_key_set: bool,
+    store_dir: Option<&Path>,
+    enabled: bool,
+) -> Decision {
     let mut d = Decision {
         api_key_hosts: Vec::new(),
+        oauth_store: None,
         reasons: Vec::new(),
         disabled: !enabled,
     };
     if !enabled {
         d.reasons.push(format!(
-            "--no-inject: {API_KEY_VAR} is passed into the sandbox as it is, and every host is spliced"
+            "--no-inject: {API_KEY_VAR} is passed into the sandbox as it is, sign-in tokens stay on the home volume, and every host is spliced"
         ));
         return d;
     }
-    let allowed = HostName::parse(API_HOST).is_ok_and(|h| policy.allows(&h));
+    let allows = |host: &str| HostName::parse(host).is_ok_and(|h| policy.allows(&h));
+    let allowed = allows(API_HOST);
     match (api_key_set, allowed) {
         (true, true) => {
             d.api_key_hosts.push(API_HOST.to_owned());
@@ -121,9 +144,31 @@ pub fn decide(policy: &Policy, api_key_set: bool, enabled: bool) -> Decision {
         )),
         (false, _) => d.reasons.push(format!("{API_KEY_VAR} is not set: no API key to add")),
     }
-    d.reasons.push(format!(
-        "OAuth sign-in ({TOKEN_HOST}): not injected by this build; tokens stay on the home volume"
-    ));
+    let missing: Vec<&str> = [API_HOST, TOKEN_HOST]
+        .into_iter()
+        .filter(|h| !allows(h))
+        .collect();
+    match (missing.is_empty(), store_dir) {
+        (true, Some(store)) => {
+            d.oauth_store = Some(store.to_owned());
+            d.reasons.push(format!(
+                "OAuth sign-in ({API_HOST}, {TOKEN_HOST}): the tokens are kept in {}; the sandbox's credentials file holds placeholders and the router adds the tokens",
+                store.display()
+            ));
+        }
+        (true, None) => d.reasons.push(
+            "OAuth sign-in: not injected: neither XDG_STATE_HOME nor HOME is an absolute path, so the token store has no place; tokens stay on the home volume"
+                .to_owned(),
+        ),
+        (false, _) => d.reasons.push(format!(
+            "OAuth sign-in: not injected: {} not on the allowlist (signing in needs {API_HOST} and {TOKEN_HOST})",
+            if missing.len() == 1 {
+                format!("{} is", missing[0])
+            } else {
+                format!("{} are", missing.join(" and "))
+            }
+        )),
+    }
     d
 }
 
@@ -160,6 +205,17 @@ pub fn describe(decision: &Decision, placeholder: Option<&str>, upstream_roots: 
             k.key_file.display().to_string()
         ));
     }
+    if let (Some(o), Some(store)) = (&config.oauth, &decision.oauth_store) {
+        out.push_str("[inject.oauth]\n");
+        out.push_str(&format!("api_hosts = {:?}\n", o.api_hosts));
+        out.push_str(&format!("token_host = {:?}\n", o.token_host));
+        out.push_str(&format!("token_path = {:?}\n", o.token_path));
+        out.push_str(&format!(
+            "store_dir = {:?}  # {} on the host, mounted read-write into the router only\n",
+            o.store_dir.display().to_string(),
+            store.display()
+        ));
+    }
     out
 }
 
@@ -182,7 +238,12 @@ fn config_for(
             placeholder: placeholder.to_owned(),
             key_file: inside.join(API_KEY_FILE),
         }),
-        oauth: None,
+        oauth: decision.oauth_store.as_ref().map(|_| OAuthInject {
+            api_hosts: vec![API_HOST.to_owned()],
+            token_host: TOKEN_HOST.to_owned(),
+            token_path: TOKEN_PATH.to_owned(),
+            store_dir: PathBuf::from(ROUTER_OAUTH_DIR),
+        }),
     })
 }
 
@@ -197,6 +258,12 @@ pub(crate) struct SessionInject {
     pub(crate) ca_cert: PathBuf,
     /// The image's roots plus the session CA, mounted read-only over [`SYSTEM_CA_BUNDLE`].
     pub(crate) bundle: PathBuf,
+    /// The OAuth token store's directory on the host: mounted read-write into the router only (None:
+    /// the sign-in is not injected).
+    pub(crate) oauth_store: Option<PathBuf>,
+    /// What the user must be told before the session (tokens moved off the home volume, a
+    /// credentials file that was in the way).
+    pub(crate) notices: Vec<String>,
     /// The sandbox's environment for it: the CA variables and the placeholder key.
     pub(crate) env: Vec<(String, String)>,
 }
@@ -223,6 +290,9 @@ pub(crate) struct Request<'a> {
     pub(crate) rootless: bool,
     /// The test hook's upstream roots file ([`TEST_UPSTREAM_ROOTS_VAR`]).
     pub(crate) upstream_roots: Option<&'a Path>,
+    /// The home volume's directory on the host, where Claude Code's credentials file is (None: not
+    /// visible from here, e.g. another volume driver).
+    pub(crate) home_mountpoint: Option<&'a Path>,
 }
 
 impl std::fmt::Debug for Request<'_> {
@@ -234,6 +304,7 @@ impl std::fmt::Debug for Request<'_> {
             .field("decision", &self.decision)
             .field("api_key", &self.api_key.map(|_| "<redacted>"))
             .field("home_volume", &self.home_volume)
+            .field("home_mountpoint", &self.home_mountpoint)
             .finish_non_exhaustive()
     }
 }
@@ -244,9 +315,59 @@ pub(crate) fn prepare(podman: &Podman, req: &Request<'_>) -> anyhow::Result<Opti
         return Ok(None);
     }
     let system = image_bundle(podman, req.image, req.cache_dir)?;
-    let (inject, secret_files) = write_session_files(req, &system)?;
-    give_to_router(podman, &secret_files, req.rootless)?;
+    let (mut inject, secret_files) = write_session_files(req, &system)?;
+    give_to_router(&secret_files, req.rootless)?;
+    if let Some(store) = &req.decision.oauth_store {
+        inject.notices = prepare_oauth(store, req.home_mountpoint)?;
+        if !req.rootless {
+            give_store_to_router(store)?;
+        }
+    }
     Ok(Some(inject))
+}
+
+/// The token store ready and the home volume holding placeholders only (`crate::oauth::prepare`);
+/// returns what the user must be told. Only a store that cannot be used stops the session: a
+/// credentials file in the way (which the sandbox could have put there) is reported and left alone,
+/// as the sandbox then holds no token this step would have moved.
+fn prepare_oauth(store: &Path, home: Option<&Path>) -> anyhow::Result<Vec<String>> {
+    let Some(home) = home else {
+        drop(
+            agent_sandbox_shared::oauth_store::init(store).with_context(|| {
+                format!("cannot prepare the OAuth token store {}", store.display())
+            })?,
+        );
+        return Ok(vec![format!(
+            "warning: the home volume's directory is not visible from here, so its {}/{} was not checked for sign-in tokens to move into {}",
+            crate::oauth::CREDENTIALS_DIR,
+            crate::oauth::CREDENTIALS_FILE,
+            store.display()
+        )]);
+    };
+    match crate::oauth::prepare(store, home) {
+        Ok(p) if p.moved_tokens => Ok(vec![crate::oauth::MOVED_TOKENS_NOTICE.to_owned()]),
+        Ok(_) => Ok(Vec::new()),
+        Err(e) if e.store_is_ready() => Ok(vec![format!(
+            "warning: {e}: left as it is; Claude Code in the sandbox may not be signed in (run /login: the router keeps the new tokens in {})",
+            store.display()
+        )]),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "cannot prepare the OAuth token store {}",
+            store.display()
+        ))),
+    }
+}
+
+/// Rootful: gives the token store (its directory, the store and its lock file) to the router's user,
+/// which writes refreshed tokens into it; the launcher, root, still reads it. Links are not followed:
+/// a store the router could write must not make root re-own another file.
+fn give_store_to_router(store: &Path) -> anyhow::Result<()> {
+    use agent_sandbox_shared::oauth_store::{lock_path, store_path};
+    for p in [store.to_owned(), store_path(store), lock_path(store)] {
+        std::os::unix::fs::lchown(&p, Some(ROUTER_UID), Some(ROUTER_GID))
+            .with_context(|| format!("cannot give {} to the router's user", p.display()))?;
+    }
+    Ok(())
 }
 
 /// The files of [`prepare`], given the image's system bundle: `inject/` with the CA (0644), its key
@@ -325,20 +446,19 @@ fn write_session_files(
         router_dir,
         ca_cert,
         bundle,
+        oauth_store: req.decision.oauth_store.clone(),
+        notices: Vec::new(),
         env,
     };
     Ok((inject, secret_files))
 }
 
-/// Makes the secret files (0600) the router's: its non-root user must read them and nobody else
-/// may. Rootful, the launcher is root and chowns them; rootless, the router's uid is a subordinate id
-/// of this user's, which only `podman unshare` can give a file to. The directory stays this user's,
-/// so the session's cleanup removes them.
-fn give_to_router(podman: &Podman, files: &[PathBuf], rootless: bool) -> anyhow::Result<()> {
+/// Makes the secret files (0600) readable by the router's non-root user and nobody else. Rootful, the
+/// launcher is root and gives them to that user; rootless, the router runs with the invoking user
+/// mapped to its uid (`RouterSpec::keep_id`), so the user's own files are already its. The directory
+/// stays this user's, so the session's cleanup removes them.
+fn give_to_router(files: &[PathBuf], rootless: bool) -> anyhow::Result<()> {
     if rootless {
-        podman
-            .run(&args::unshare_chown(ROUTER_UID, ROUTER_GID, files))
-            .context("cannot give the session's secret files to the router's user")?;
         return Ok(());
     }
     for f in files {
@@ -451,7 +571,7 @@ mod tests {
     #[test]
     fn decisions_say_what_is_terminated_and_why() {
         let allowed = policy(&["api.anthropic.com", "platform.claude.com"]);
-        let d = decide(&allowed, true, true);
+        let d = decide(&allowed, true, None, true);
         assert_eq!(d.terminated(), ["api.anthropic.com"]);
         assert!(
             d.summary().starts_with("terminated: api.anthropic.com ("),
@@ -460,7 +580,7 @@ mod tests {
         );
         assert!(d.summary().contains("placeholder"), "{}", d.summary());
 
-        let d = decide(&allowed, false, true);
+        let d = decide(&allowed, false, None, true);
         assert!(d.terminated().is_empty());
         assert!(
             d.summary().starts_with("no host is terminated"),
@@ -473,7 +593,7 @@ mod tests {
             d.summary()
         );
 
-        let d = decide(&policy(&["example.com"]), true, true);
+        let d = decide(&policy(&["example.com"]), true, None, true);
         assert!(d.terminated().is_empty());
         assert!(
             d.summary().contains("not on the allowlist"),
@@ -481,15 +601,159 @@ mod tests {
             d.summary()
         );
 
-        let d = decide(&allowed, true, false);
+        let d = decide(&allowed, true, None, false);
         assert!(d.disabled && d.terminated().is_empty());
         assert!(d.summary().contains("--no-inject"), "{}", d.summary());
     }
 
     #[test]
+    fn oauth_is_injected_when_both_of_its_hosts_are_allowed() {
+        let store = Path::new("/home/me/.local/state/agent-sandbox/oauth");
+        let both = policy(&["api.anthropic.com", "platform.claude.com"]);
+        let d = decide(&both, false, Some(store), true);
+        assert_eq!(d.oauth_store.as_deref(), Some(store));
+        assert!(d.api_key_hosts.is_empty());
+        assert_eq!(d.terminated(), ["api.anthropic.com", "platform.claude.com"]);
+        assert!(
+            d.summary().contains(&store.display().to_string()),
+            "{}",
+            d.summary()
+        );
+        // With the key too: api.anthropic.com is terminated once, for both credentials.
+        let d = decide(&both, true, Some(store), true);
+        assert_eq!(d.api_key_hosts, ["api.anthropic.com"]);
+        assert_eq!(d.terminated(), ["api.anthropic.com", "platform.claude.com"]);
+
+        // One host missing: not injected, and the line says which.
+        for (list, missing) in [
+            (&["api.anthropic.com"][..], "platform.claude.com is not"),
+            (&["platform.claude.com"][..], "api.anthropic.com is not"),
+            (
+                &["example.com"][..],
+                "api.anthropic.com and platform.claude.com are not",
+            ),
+        ] {
+            let d = decide(&policy(list), false, Some(store), true);
+            assert!(
+                d.oauth_store.is_none() && d.terminated().is_empty(),
+                "{d:?}"
+            );
+            assert!(d.summary().contains(missing), "{list:?}: {}", d.summary());
+        }
+        // Nowhere to keep the store: not injected.
+        let d = decide(&both, false, None, true);
+        assert!(d.oauth_store.is_none() && d.terminated().is_empty());
+        assert!(d.summary().contains("no place"), "{}", d.summary());
+        // --no-inject: nothing.
+        let d = decide(&both, true, Some(store), false);
+        assert!(d.disabled && d.oauth_store.is_none() && d.terminated().is_empty());
+        assert!(
+            d.summary().contains("sign-in tokens stay"),
+            "{}",
+            d.summary()
+        );
+
+        // The router's section: the token endpoint, and the store as the router sees it.
+        let d = decide(&both, false, Some(store), true);
+        let config = config_for(&d, "", false).unwrap();
+        assert!(config.api_key.is_none());
+        assert_eq!(
+            config.oauth,
+            Some(OAuthInject {
+                api_hosts: vec!["api.anthropic.com".into()],
+                token_host: "platform.claude.com".into(),
+                token_path: "/v1/oauth/token".into(),
+                store_dir: "/etc/agent-sandbox-oauth".into(),
+            })
+        );
+        let mut problems = Vec::new();
+        let valid = config.validate(&mut problems).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(valid.terminated.len(), 2);
+        let text = describe(&d, None, false);
+        assert!(text.contains("[inject.oauth]"), "{text}");
+        assert!(
+            text.contains("token_host = \"platform.claude.com\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("store_dir = \"/etc/agent-sandbox-oauth\"  # /home/me/.local/state/agent-sandbox/oauth on the host"),
+            "{text}"
+        );
+        assert!(!text.contains("[inject.api_key]"), "{text}");
+    }
+
+    #[test]
+    fn the_store_is_prepared_and_given_to_the_router_rootful() {
+        use std::os::unix::fs::MetadataExt as _;
+        let tmp = std::env::temp_dir().join(format!("as-inject-oauth-{}", std::process::id()));
+        let store = tmp.join("state/agent-sandbox/oauth");
+        let home = tmp.join("volume/_data");
+        fs::create_dir_all(home.join(".claude")).unwrap();
+        let creds = home.join(".claude/.credentials.json");
+        fs::write(
+            &creds,
+            r#"{"claudeAiOauth":{"accessToken":"sk-ant-oat01-REAL","refreshToken":"sk-ant-ort01-REAL","expiresAt":1,"scopes":[]}}"#,
+        )
+        .unwrap();
+        let notices = prepare_oauth(&store, Some(&home)).unwrap();
+        assert_eq!(notices, [crate::oauth::MOVED_TOKENS_NOTICE]);
+        assert!(!fs::read_to_string(&creds).unwrap().contains("REAL"));
+        // The next session has nothing to say.
+        assert!(prepare_oauth(&store, Some(&home)).unwrap().is_empty());
+        // A credentials file in the way is reported, and the session goes on.
+        fs::write(&creds, "not json").unwrap();
+        let notices = prepare_oauth(&store, Some(&home)).unwrap();
+        assert!(
+            notices.len() == 1
+                && notices[0].starts_with("warning: ")
+                && notices[0].contains(".credentials.json"),
+            "{notices:?}"
+        );
+        // A home volume not visible from here: the store is still made, and the user told.
+        let other = tmp.join("other-state/oauth");
+        let notices = prepare_oauth(&other, None).unwrap();
+        assert!(notices[0].contains("not visible"), "{notices:?}");
+        assert!(agent_sandbox_shared::oauth_store::store_path(&other).is_file());
+        // A store that cannot be made stops the session.
+        fs::write(tmp.join("file"), "").unwrap();
+        assert!(prepare_oauth(&tmp.join("file/oauth"), Some(&home)).is_err());
+
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // A link in the store (the router can write there) is re-owned itself, never its target.
+            let target = tmp.join("target");
+            fs::write(&target, "").unwrap();
+            let lock = agent_sandbox_shared::oauth_store::lock_path(&store);
+            fs::remove_file(&lock).unwrap();
+            std::os::unix::fs::symlink(&target, &lock).unwrap();
+            give_store_to_router(&store).unwrap();
+            for p in [
+                store.clone(),
+                agent_sandbox_shared::oauth_store::store_path(&store),
+            ] {
+                let m = fs::metadata(&p).unwrap();
+                assert_eq!(
+                    (m.uid(), m.gid()),
+                    (ROUTER_UID, ROUTER_GID),
+                    "{}",
+                    p.display()
+                );
+            }
+            assert_eq!(fs::symlink_metadata(&lock).unwrap().uid(), ROUTER_UID);
+            assert_eq!(fs::metadata(&target).unwrap().uid(), 0);
+            // The launcher (root) still reads the store.
+            agent_sandbox_shared::oauth_store::OAuthStore::read(&store).unwrap();
+        } else {
+            eprintln!("not root: re-owning to the router's user is checked by the rootful e2e run");
+        }
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
     fn the_section_validates() {
         let allowed = policy(&["api.anthropic.com"]);
-        let d = decide(&allowed, true, true);
+        let d = decide(&allowed, true, None, true);
         let placeholder = format!("{}{}", placeholder::PREFIX, "a".repeat(90));
         let config = config_for(&d, &placeholder, true).unwrap();
         assert_eq!(config.ca_key, Path::new("/etc/agent-sandbox-inject/ca.key"));
@@ -501,7 +765,7 @@ mod tests {
         let valid = config.validate(&mut problems).unwrap();
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(valid.terminated.len(), 1);
-        assert!(config_for(&decide(&allowed, false, true), &placeholder, false).is_none());
+        assert!(config_for(&decide(&allowed, false, None, true), &placeholder, false).is_none());
 
         let text = describe(&d, Some(&placeholder), false);
         assert!(text.contains("[inject.api_key]"), "{text}");
@@ -511,7 +775,7 @@ mod tests {
         );
         assert!(text.contains(&placeholder), "{text}");
         assert!(!text.contains("upstream_roots"), "{text}");
-        let none = describe(&decide(&allowed, false, true), None, false);
+        let none = describe(&decide(&allowed, false, None, true), None, false);
         assert!(none.contains("nothing is terminated"), "{none}");
     }
 
@@ -523,7 +787,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let key = format!("{}{}AA", placeholder::PREFIX, "k".repeat(93));
         let allowed = policy(&["api.anthropic.com"]);
-        let decision = decide(&allowed, true, true);
+        let decision = decide(&allowed, true, None, true);
         let roots = tmp.join("roots.pem");
         fs::write(&roots, "-----BEGIN CERTIFICATE-----\ntest\n").unwrap();
         let req = Request {
@@ -537,6 +801,7 @@ mod tests {
             image: "localhost/agent-sandbox:dev",
             rootless: true,
             upstream_roots: Some(&roots),
+            home_mountpoint: None,
         };
         let system = "-----BEGIN CERTIFICATE-----\nsystem root\n-----END CERTIFICATE-----";
         assert!(!format!("{req:?}").contains(&key));
@@ -623,6 +888,8 @@ mod tests {
             egress_network: "e".into(),
             config_dir: dir.join("router"),
             inject_dir: Some(inject.router_dir.clone()),
+            oauth_store: None,
+            keep_id: true,
         };
         let argv: Vec<String> = args::router_run(&router)
             .into_iter()

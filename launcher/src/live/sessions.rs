@@ -339,6 +339,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_live_change_keeps_the_whole_inject_section() {
+        use agent_sandbox_shared::inject::{ApiKeyInject, InjectConfig, OAuthInject};
+        let dir = std::env::temp_dir().join(format!("as-live-inject-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        files::create_layout(&dir).unwrap();
+        let router_ip = std::net::Ipv4Addr::new(10, 0, 0, 2);
+        let start = Allowlist::parse("api.anthropic.com\nplatform.claude.com\n", "t").unwrap();
+        let mut plan = SessionPlan::new(&Policy::new(&start), router_ip).unwrap();
+        let inside = Path::new("/etc/agent-sandbox-inject");
+        let inject = InjectConfig {
+            ca_cert: inside.join("ca.pem"),
+            ca_key: inside.join("ca.key"),
+            upstream_roots: None,
+            api_key: Some(ApiKeyInject {
+                hosts: vec!["api.anthropic.com".into()],
+                placeholder: format!("sk-ant-api03-{}", "p".repeat(95)),
+                key_file: inside.join("api-key"),
+            }),
+            oauth: Some(OAuthInject {
+                api_hosts: vec!["api.anthropic.com".into()],
+                token_host: "platform.claude.com".into(),
+                token_path: "/v1/oauth/token".into(),
+                store_dir: "/etc/agent-sandbox-oauth".into(),
+            }),
+        };
+        plan.router.inject = Some(inject.clone());
+        files::write_plan(&dir, &plan).unwrap();
+        let running = Running {
+            meta: SessionMeta {
+                id: "0123456789ab".into(),
+                project: "/p".into(),
+                started: 0,
+                allowlist: dir.join("allowed-hosts"),
+                router_ip,
+            },
+            dir: dir.clone(),
+            router: "r".into(),
+            forwarder: "f".into(),
+        };
+        // Even a change that denies the token host: the section is the session's for its whole life
+        // (the policy refuses the host before termination is considered).
+        let changed = Allowlist::parse("api.anthropic.com\nexample.com\n", "t").unwrap();
+        prepare(&running, &changed).unwrap();
+        let after = files::read_router_config(&dir).unwrap();
+        assert_eq!(after.inject, Some(inject));
+        assert!(after.validate().is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn reload_verdicts_from_router_logs() {
         let ok = r#"{"fields":{"message":"listening on 10.0.0.2:53 (udp)"}}
 {"fields":{"message":"reload succeeded: 3 -> 4 entries","result":"success"}}"#;

@@ -8,7 +8,8 @@ use super::{
     ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
     FORWARDER_LOG_MAX, FORWARDER_PATH, FORWARDER_RELAYS_DIR, FORWARDER_RELAYS_PATH, LABEL_SESSION,
     LABEL_SHARED, LABEL_VERSION, NO_HOST_ENV, NO_IPV6, ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH,
-    ROUTER_INJECT_DIR, ROUTER_LOG_MAX, SANDBOX_SESSION_CA, STOP_TIMEOUT_SECS, SYSTEM_CA_BUNDLE,
+    ROUTER_GID, ROUTER_INJECT_DIR, ROUTER_LOG_MAX, ROUTER_OAUTH_DIR, ROUTER_UID,
+    SANDBOX_SESSION_CA, STOP_TIMEOUT_SECS, SYSTEM_CA_BUNDLE,
 };
 
 /// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
@@ -200,8 +201,18 @@ pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
             "--volume",
             mount(&spec.config_dir, Path::new(ROUTER_CONFIG_DIR), ":ro"),
         );
+    if spec.keep_id {
+        a.arg(format!(
+            "--userns=keep-id:uid={ROUTER_UID},gid={ROUTER_GID}"
+        ));
+    }
     if let Some(dir) = &spec.inject_dir {
         a.opt("--volume", mount(dir, Path::new(ROUTER_INJECT_DIR), ":ro"));
+    }
+    // Read-write, and no `:U`: the store stays its owner's (rootless, the user mapped to the router's
+    // uid; rootful, the router's user, given it by the launcher).
+    if let Some(dir) = &spec.oauth_store {
+        a.opt("--volume", mount(dir, Path::new(ROUTER_OAUTH_DIR), ":rw"));
     }
     a.arg(&spec.image)
         // One worker thread: a session's router serves one sandbox, and the sandbox keeps the
@@ -343,16 +354,6 @@ pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
         a.opt("--env", name);
     }
     a.arg(&spec.image).args(spec.command.iter().cloned()).done()
-}
-
-/// Gives files to a uid and gid of rootless podman's user namespace (the router's user owns the
-/// session's secret files).
-#[must_use]
-pub fn unshare_chown(uid: u32, gid: u32, files: &[PathBuf]) -> Vec<OsString> {
-    Argv::new(&["unshare", "chown", "--"])
-        .arg(format!("{uid}:{gid}"))
-        .args(files.iter().map(|f| f.as_os_str().to_owned()))
-        .done()
 }
 
 /// Prints one file of an image on stdout: `cat` in a throw-away container with no network, nothing
@@ -549,6 +550,8 @@ mod tests {
             egress_network: "agent-sandbox-egress".into(),
             config_dir: "/tmp/s/router".into(),
             inject_dir: None,
+            oauth_store: None,
+            keep_id: false,
         }
     }
 
@@ -775,14 +778,44 @@ mod tests {
             &["--env", "ANTHROPIC_API_KEY=sk-ant-api03-placeholder"]
         ));
 
-        assert_eq!(
-            strs(&unshare_chown(65532, 65532, &["/s/inject/ca.key".into()])),
-            ["unshare", "chown", "--", "65532:65532", "/s/inject/ca.key"]
-        );
         let read = strs(&read_image_file("img", Path::new(SYSTEM_CA_BUNDLE)));
         assert!(has(&read, &["--network", "none"]));
         assert!(has(&read, &["--cap-drop", "ALL"]));
         assert!(read.ends_with(&["img".to_owned(), SYSTEM_CA_BUNDLE.to_owned()]));
+    }
+
+    #[test]
+    fn the_token_store_goes_into_the_router_only_read_write_and_rootless_maps_the_user() {
+        let mut r = router();
+        r.inject_dir = Some("/tmp/s/inject".into());
+        r.oauth_store = Some("/home/me/.local/state/agent-sandbox/oauth".into());
+        let a = strs(&router_run(&r));
+        assert!(has(
+            &a,
+            &[
+                "--volume",
+                "/home/me/.local/state/agent-sandbox/oauth:/etc/agent-sandbox-oauth:rw"
+            ]
+        ));
+        assert_eq!(count(&a, "--volume"), 3);
+        // Never re-owned by podman: the store is shared with other sessions and the launcher.
+        assert!(!a.iter().any(|s| s.contains("oauth") && s.ends_with(":U")));
+        assert!(!a.iter().any(|s| s.starts_with("--userns")), "{a:?}");
+        let image = a.iter().position(|s| s == &r.image).unwrap();
+        r.keep_id = true;
+        let rootless = strs(&router_run(&r));
+        let userns = rootless
+            .iter()
+            .position(|s| s == "--userns=keep-id:uid=65532,gid=65532")
+            .expect("rootless maps the invoking user to the router's user");
+        assert!(userns < image, "a podman option, not a router argument");
+
+        // The sandbox of the same session gets nothing of the store.
+        let spec = sandbox(UserMapping::KeepId);
+        let s = strs(&sandbox_run(&spec));
+        assert!(!s
+            .iter()
+            .any(|w| w.contains("agent-sandbox/oauth") || w.contains(ROUTER_OAUTH_DIR)));
     }
 
     #[test]

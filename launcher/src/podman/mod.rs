@@ -42,7 +42,11 @@ pub const ROUTER_CONFIG_DIR: &str = "/etc/agent-sandbox";
 /// Where the session directory's `inject/` (session CA and key, the real API key) is mounted inside the
 /// router container; it is mounted into no other container.
 pub const ROUTER_INJECT_DIR: &str = "/etc/agent-sandbox-inject";
-/// The router image's user (its Containerfile's `USER`): the owner of the session's secret files.
+/// Where the host-side OAuth token store's directory is mounted (read-write) inside the router
+/// container; it is mounted into no other container.
+pub const ROUTER_OAUTH_DIR: &str = "/etc/agent-sandbox-oauth";
+/// The router image's user (its Containerfile's `USER`): rootful, the owner of the session's secret
+/// files and of the token store; rootless, the id the invoking user is mapped to in the router.
 pub const ROUTER_UID: u32 = 65532;
 /// The router image's group.
 pub const ROUTER_GID: u32 = 65532;

@@ -90,6 +90,15 @@ pub struct RouterSpec {
     /// The session directory's `inject/` (CA key, real API key), mounted read-only at
     /// [`super::ROUTER_INJECT_DIR`]: only ever into the router. None: nothing is terminated.
     pub inject_dir: Option<PathBuf>,
+    /// The host-side OAuth token store's directory, mounted read-write at
+    /// [`super::ROUTER_OAUTH_DIR`] (the router writes refreshed tokens into it): only ever into the
+    /// router. None: the sign-in is not injected.
+    pub oauth_store: Option<PathBuf>,
+    /// Rootless: the invoking user is mapped to the router's user ([`super::ROUTER_UID`]) with
+    /// `--userns=keep-id:uid=…,gid=…`, so the router reads and writes the user's own files (the
+    /// token store is shared by every session and read by the launcher; it must stay the user's).
+    /// Rootful podman refuses keep-id: there the files are given to the router's user instead.
+    pub keep_id: bool,
 }
 
 /// The pod: holds the sandbox's network namespace, resolver and hosts file.

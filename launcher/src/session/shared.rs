@@ -4,6 +4,7 @@
 use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
 
 use super::checks::{Checked, SharedProbes};
 use super::{join, stale};
@@ -17,6 +18,9 @@ pub(super) struct Shared {
     pub(super) resolvers: Vec<SocketAddr>,
     /// Whether the home volume must be re-owned to the sandbox user when mounted.
     pub(super) chown_home: bool,
+    /// The home volume's directory on the host (None: not visible from here, e.g. another volume
+    /// driver): where the launcher moves sign-in tokens off the volume.
+    pub(super) home_mountpoint: Option<PathBuf>,
 }
 
 /// Step 2: leftovers of dead sessions removed; the egress network and the home volume ensured. The three
@@ -27,7 +31,7 @@ pub(super) fn prepare_shared(
     checked: &Checked,
     probes: SharedProbes,
 ) -> anyhow::Result<Shared> {
-    let (swept, resolvers, chown_home) = std::thread::scope(|s| {
+    let (swept, resolvers, volume) = std::thread::scope(|s| {
         let swept = s.spawn(|| match &probes.session_networks {
             Ok(listing) if !stale::any_stale(listing)? => Ok(()),
             _ => stale::remove_stale_sessions(podman),
@@ -42,9 +46,11 @@ pub(super) fn prepare_shared(
         (join(swept), join(egress), volume)
     });
     swept?;
+    let (chown_home, home_mountpoint) = volume?;
     Ok(Shared {
         resolvers: resolvers?,
-        chown_home: chown_home?,
+        chown_home,
+        home_mountpoint,
     })
 }
 
@@ -80,13 +86,14 @@ fn dns_servers(inspect_json: &str) -> Vec<SocketAddr> {
 }
 
 /// Creates the home volume unless it exists; returns whether it must be re-owned to `uid` on mount
-/// (podman's `:U` is recursive, so only when its top directory is not already theirs).
+/// (podman's `:U` is recursive, so only when its top directory is not already theirs), and its
+/// directory when visible from here.
 fn ensure_home_volume(
     podman: &Podman,
     name: &str,
     uid: u32,
     probed: Result<String, PodmanError>,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<(bool, Option<PathBuf>)> {
     let mountpoint = match probed {
         Ok(mountpoint) => mountpoint,
         Err(_) => {
@@ -100,10 +107,11 @@ fn ensure_home_volume(
             podman.run(&args::volume_mountpoint(name))?
         }
     };
-    Ok(match fs::metadata(mountpoint.trim()) {
-        Ok(meta) => meta.uid() != uid,
+    let dir = PathBuf::from(mountpoint.trim());
+    Ok(match fs::metadata(&dir) {
+        Ok(meta) if meta.is_dir() => (meta.uid() != uid, Some(dir)),
         // Not visible from here (another volume driver): let podman make it right.
-        Err(_) => true,
+        _ => (true, None),
     })
 }
 

@@ -15,7 +15,7 @@ use super::cleanup::Cleanup;
 use super::readiness::wait_listening;
 use super::rundir::{create_session_dir, new_session_id, session_dir, write_file};
 use super::shared::Shared;
-use super::{interrupted, join, SessionError, NAME_PREFIX};
+use super::{interrupted, join, say, SessionError, NAME_PREFIX};
 use crate::inject::{self, SessionInject};
 use crate::live::files;
 use crate::liveness;
@@ -142,7 +142,7 @@ fn plan(
         plan.router.resolvers.clone_from(resolvers);
     }
     plan.router.allowlist = Some(settings.allowlist.display().to_string());
-    let inject = session_inject(podman, settings, checked, &dir, &session)?;
+    let inject = session_inject(podman, settings, checked, shared, &dir, &session)?;
     plan.router.inject = inject.as_ref().map(|i| i.config.clone());
 
     // The policy files (router configuration, relays, addresses handed out) and who the session is:
@@ -187,12 +187,19 @@ fn session_inject(
     podman: &Podman,
     settings: &Settings,
     checked: &Checked,
+    shared: &Shared,
     dir: &Path,
     session: &str,
 ) -> anyhow::Result<Option<SessionInject>> {
     let api_key = inject::host_api_key();
-    let decision = inject::decide(&checked.policy, api_key.is_some(), settings.inject);
-    inject::prepare(
+    let store = crate::oauth::default_store_dir();
+    let decision = inject::decide(
+        &checked.policy,
+        api_key.is_some(),
+        store.as_deref(),
+        settings.inject,
+    );
+    let prepared = inject::prepare(
         podman,
         &inject::Request {
             session,
@@ -205,9 +212,14 @@ fn session_inject(
             image: &settings.image,
             rootless: checked.user.mapping == UserMapping::KeepId,
             upstream_roots: settings.test_upstream_roots.as_deref(),
+            home_mountpoint: shared.home_mountpoint.as_deref(),
         },
     )
-    .context("cannot prepare credential injection (`--no-inject` runs without it)")
+    .context("cannot prepare credential injection (`--no-inject` runs without it)")?;
+    for notice in prepared.iter().flat_map(|p| &p.notices) {
+        say!("{notice}");
+    }
+    Ok(prepared)
 }
 
 /// The containers of a session.
@@ -245,6 +257,8 @@ fn launch(
         egress_network: EGRESS_NETWORK.to_owned(),
         config_dir: planned.config.clone(),
         inject_dir: planned.inject.as_ref().map(|i| i.router_dir.clone()),
+        oauth_store: planned.inject.as_ref().and_then(|i| i.oauth_store.clone()),
+        keep_id: checked.user.mapping == UserMapping::KeepId,
     };
     let pod_spec = PodSpec {
         name: pod.clone(),

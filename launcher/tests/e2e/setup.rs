@@ -185,7 +185,7 @@ fn make_certs(dir: &Path) -> PathBuf {
     ]);
     fs::write(
         certs.join("ext.cnf"),
-        "subjectAltName=DNS:web.test,DNS:wild.test,DNS:*.wild.test,DNS:db.test,DNS:blocked.test,DNS:api.anthropic.com\n",
+        "subjectAltName=DNS:web.test,DNS:wild.test,DNS:*.wild.test,DNS:db.test,DNS:blocked.test,DNS:api.anthropic.com,DNS:platform.claude.com\n",
     )
     .unwrap();
     run(&[

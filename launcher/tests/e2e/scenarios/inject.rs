@@ -8,7 +8,7 @@
 //! which knows no other name and forwards nothing; and the router verifies upstreams against the test
 //! CA (`AGENT_SANDBOX_TEST_UPSTREAM_ROOTS`). The API key is the suite's own fake.
 //!
-//! Two sessions:
+//! Three sessions:
 //! 1. injection: the sandbox holds a placeholder and trusts the session CA; the router terminates TLS
 //!    and adds the real key. While it runs, `podman inspect` of every session container and the
 //!    router's log must not hold the key, the CA key's directory must be mounted into the router only,
@@ -18,10 +18,18 @@
 //! 2. `--no-inject`: today's behaviour. The key is in the sandbox's environment, the router splices,
 //!    and Claude Code trusts the stand-in's test CA through NODE_EXTRA_CA_CERTS (which proves the
 //!    pinned Claude Code honours it, and that the canned streamed response is what `-p` needs).
+//! 3. OAuth sign-in, no API key: the allowlist holds api.anthropic.com and platform.claude.com, and the
+//!    home volume's `.claude/.credentials.json` holds fake "real" tokens before the session. The
+//!    launcher must move them into the token store (`XDG_STATE_HOME`) and leave placeholders, and say
+//!    so; the store is mounted read-write into the router only. Claude Code's requests must reach the
+//!    stand-in with the real access token; a refresh posted from inside the sandbox with the refresh
+//!    placeholder must reach the stand-in's token endpoint with the real refresh token, the sandbox must
+//!    see only placeholders in the answer, and the store must end up with the stand-in's new tokens.
+//!    No real token may be in anything the sandbox saw, in `podman inspect` or in the router's log.
 
 use std::fs;
 use std::io::Read as _;
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -36,7 +44,11 @@ const STANDIN_TEXT: &str = "stand-in says hello";
 pub(crate) fn run(s: &mut Suite<'_>) {
     let mode = s.mode.clone();
     let m = mode.name().to_owned();
-    let (standin, standin_ip) = start_standin(s);
+    let new_tokens = (
+        fake_token("sk-ant-oat01-", 95),
+        fake_token("sk-ant-ort01-", 95),
+    );
+    let (standin, standin_ip) = start_standin(s, &new_tokens);
     let dir = s.project("inject");
     s.copy_script(&dir, "inject.sh");
     // The allowlist (api.anthropic.com only) and the launcher's state and cache, outside the project.
@@ -161,6 +173,331 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         read(&dir.join("env-no-inject.txt")).contains(&format!("ANTHROPIC_API_KEY={key}")),
         format!("[{m}] --no-inject: the sandbox's environment holds the key as before"),
     );
+
+    // 3. The OAuth sign-in.
+    let before = standin_requests(s, &standin).len();
+    oauth(
+        s,
+        &dir,
+        &standin,
+        &standin_ip,
+        &conf.join("cache"),
+        &new_tokens,
+        before,
+    );
+}
+
+/// The sign-in's fake "real" tokens, as the launcher finds them on the home volume.
+struct Tokens {
+    access: String,
+    refresh: String,
+}
+
+/// Part 3: the OAuth sign-in moved off the home volume and put on the wire by the router.
+fn oauth(
+    s: &mut Suite<'_>,
+    dir: &Path,
+    standin: &str,
+    standin_ip: &str,
+    cache: &Path,
+    (new_access, new_refresh): &(String, String),
+    before: usize,
+) {
+    let m = s.mode.name().to_owned();
+    for f in ["ready", "inspected"] {
+        let _ = fs::remove_file(dir.join(f));
+    }
+    let conf = s.fx.root.join("inject-oauth-conf");
+    fs::create_dir_all(&conf).unwrap();
+    fs::write(
+        conf.join("allowed-hosts"),
+        "api.anthropic.com\nplatform.claude.com\n",
+    )
+    .unwrap();
+    if !s.mode.rootful() {
+        chown_r(&conf, s.mode.uid, s.mode.gid);
+    }
+    let store_dir = conf.join("state/agent-sandbox/oauth");
+    let real = Tokens {
+        access: fake_token("sk-ant-oat01-", 95),
+        refresh: fake_token("sk-ant-ort01-", 95),
+    };
+    let creds = put_credentials(s, &real);
+    let env = [
+        (
+            "AGENT_SANDBOX_ALLOWLIST",
+            conf.join("allowed-hosts").display().to_string(),
+        ),
+        (
+            "AGENT_SANDBOX_TEST_ROUTER_RESOLVERS",
+            format!("{standin_ip}:53"),
+        ),
+        (
+            "AGENT_SANDBOX_TEST_UPSTREAM_ROOTS",
+            s.ca.display().to_string(),
+        ),
+        ("XDG_STATE_HOME", conf.join("state").display().to_string()),
+        ("XDG_CACHE_HOME", cache.display().to_string()),
+    ];
+    let mut child = s
+        .launcher_command(dir, &["--exec", "bash", "./inject.sh", "oauth"], &env)
+        .spawn()
+        .unwrap();
+    let ready = wait_for_file(&dir.join("ready"), &mut child, Duration::from_secs(180));
+    s.checks.check(
+        ready,
+        format!("[{m}] oauth: the session starts and its sandbox runs the script"),
+    );
+    // The store as the launcher left it, before the sandbox does anything.
+    let store = read_store(&store_dir);
+    let placeholders = (
+        store["access_placeholder"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        store["refresh_placeholder"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    );
+    s.checks.check(
+        store["access_token"] == real.access.as_str()
+            && store["refresh_token"] == real.refresh.as_str(),
+        format!(
+            "[{m}] oauth: the launcher moved the home volume's tokens into the store {}",
+            store_dir.display()
+        ),
+    );
+    let on_volume: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("creds-before.json")).unwrap_or_default())
+            .unwrap_or_default();
+    let on_volume = &on_volume["claudeAiOauth"];
+    s.checks.check(
+        placeholders.0.starts_with("sk-ant-oat01-")
+            && placeholders.1.starts_with("sk-ant-ort01-")
+            && on_volume["accessToken"] == placeholders.0.as_str()
+            && on_volume["refreshToken"] == placeholders.1.as_str()
+            && on_volume["subscriptionType"] == "max",
+        format!(
+            "[{m}] oauth: the sandbox's credentials file holds the store's placeholders, other fields kept"
+        ),
+    );
+    let moved = fs::read(&creds)
+        .map(|b| !contains(&b, real.access.as_bytes()) && !contains(&b, real.refresh.as_bytes()))
+        .unwrap_or(false);
+    s.checks.check(
+        moved,
+        format!("[{m}] oauth: the credentials file on the home volume holds no real token"),
+    );
+    let meta = fs::metadata(&store_dir).and_then(|d| {
+        fs::metadata(store_dir.join("oauth.json")).map(|f| (d.uid(), f.uid(), f.mode() & 0o777))
+    });
+    let owner = if s.mode.rootful() { 65532 } else { s.mode.uid };
+    s.checks.check(
+        meta.as_ref()
+            .is_ok_and(|(d, f, mode)| *d == owner && *f == owner && *mode == 0o600),
+        format!(
+            "[{m}] oauth: the store is 0600 and owned by {owner} (rootful: the router's user; rootless: the user's own, mapped to the router's): {meta:?}"
+        ),
+    );
+    fs::write(dir.join("store-checked"), "").unwrap();
+    let secrets = [
+        real.access.as_str(),
+        real.refresh.as_str(),
+        new_access,
+        new_refresh,
+    ];
+    if ready {
+        inspect_oauth_running(s, dir, &secrets, &store_dir);
+    }
+    fs::write(dir.join("inspected"), "").unwrap();
+    let r = finish(child, Duration::from_secs(300));
+    s.checks.script(
+        &s.mode.clone(),
+        &r.stdout,
+        &[
+            "session-ca-mounted",
+            "node-extra-ca-certs",
+            "bundle-has-session-ca",
+            "ca-key-invisible",
+            "token-store-invisible",
+            "no-api-key",
+        ],
+    );
+    s.checks.check(
+        r.stderr.contains("stored outside the sandbox") && r.stderr.contains("/login"),
+        format!(
+            "[{m}] oauth: the launcher tells the user the tokens were moved and to sign in again: {}",
+            r.stderr
+        ),
+    );
+    let got = standin_requests(s, standin).split_off(before);
+    let claude = read(&dir.join("claude-oauth.out"));
+    s.checks.check(
+        got.iter().any(|l| {
+            l.contains("host=api.anthropic.com") && l.contains(&format!("auth=Bearer {} ", real.access))
+        }),
+        format!(
+            "[{m}] oauth: claude -p reaches the stand-in with the real access token, added by the router: {got:?}, claude out {claude:?} err {:?}",
+            read(&dir.join("claude-oauth.err"))
+        ),
+    );
+    s.checks.check(
+        read(&dir.join("claude-oauth.rc")).trim() == "0" && claude.contains(STANDIN_TEXT),
+        format!(
+            "[{m}] oauth: claude -p signed in with placeholders gets the stand-in's answer: rc {:?}, out {claude:?}, err {:?}",
+            read(&dir.join("claude-oauth.rc")),
+            read(&dir.join("claude-oauth.err"))
+        ),
+    );
+    s.checks.check(
+        got.iter().any(|l| {
+            l.contains("POST /v1/oauth/token host=platform.claude.com")
+                && l.ends_with(&format!("refresh={}", real.refresh))
+        }),
+        format!("[{m}] oauth: the token endpoint receives the real refresh token: {got:?}"),
+    );
+    s.checks.check(
+        !got.is_empty()
+            && !got
+                .iter()
+                .any(|l| l.contains(&placeholders.0) || l.contains(&placeholders.1)),
+        format!("[{m}] oauth: no placeholder reaches the stand-in: {got:?}"),
+    );
+    let answer: serde_json::Value =
+        serde_json::from_str(&read(&dir.join("refresh.out"))).unwrap_or_default();
+    s.checks.check(
+        answer["access_token"] == placeholders.0.as_str()
+            && answer["refresh_token"] == placeholders.1.as_str()
+            && answer["expires_in"] == 28800,
+        format!(
+            "[{m}] oauth: the sandbox sees the token endpoint's answer with placeholders only: rc {:?}, err {:?}, {answer}",
+            read(&dir.join("refresh.rc")),
+            read(&dir.join("refresh.err"))
+        ),
+    );
+    let store = read_store(&store_dir);
+    s.checks.check(
+        store["access_token"] == new_access.as_str()
+            && store["refresh_token"] == new_refresh.as_str()
+            && store["access_placeholder"] == placeholders.0.as_str()
+            && store["refresh_placeholder"] == placeholders.1.as_str(),
+        format!("[{m}] oauth: the store holds the stand-in's new tokens, placeholders unchanged"),
+    );
+    let seen: Vec<Vec<u8>> = [
+        "env-oauth.txt",
+        "home-oauth.tar",
+        "creds-before.json",
+        "creds-after.json",
+        "refresh.out",
+        "claude-oauth.out",
+        "claude-oauth.err",
+    ]
+    .iter()
+    .map(|f| fs::read(dir.join(f)).unwrap_or_default())
+    .collect();
+    let leaked: Vec<usize> = secrets
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| seen.iter().any(|b| contains(b, t.as_bytes())))
+        .map(|(i, _)| i)
+        .collect();
+    s.checks.check(
+        !seen[1].is_empty() && leaked.is_empty(),
+        format!(
+            "[{m}] oauth: nothing the sandbox saw (environment, home volume, answers) holds a real token (old or new); leaked: {leaked:?}"
+        ),
+    );
+}
+
+/// Writes `.claude/.credentials.json` with `real` onto the suite's home volume, owned like the
+/// volume's top directory (the sandbox user), as Claude Code leaves it after a sign-in. Returns its
+/// path on the host.
+fn put_credentials(s: &Suite<'_>, real: &Tokens) -> PathBuf {
+    let mountpoint = s.mode.podman_ok(&[
+        "volume",
+        "inspect",
+        "--format",
+        "{{.Mountpoint}}",
+        &s.home_volume,
+    ]);
+    let home = PathBuf::from(mountpoint.trim());
+    let owner = fs::metadata(&home).unwrap();
+    let claude_dir = home.join(".claude");
+    fs::create_dir_all(&claude_dir).unwrap();
+    std::os::unix::fs::chown(&claude_dir, Some(owner.uid()), Some(owner.gid())).unwrap();
+    let creds = claude_dir.join(".credentials.json");
+    let json = serde_json::json!({
+        "claudeAiOauth": {
+            "accessToken": real.access,
+            "refreshToken": real.refresh,
+            "expiresAt": 4_102_444_800_000u64,
+            "scopes": ["user:inference", "user:profile"],
+            "subscriptionType": "max",
+        }
+    });
+    fs::write(&creds, serde_json::to_vec(&json).unwrap()).unwrap();
+    std::os::unix::fs::chown(&creds, Some(owner.uid()), Some(owner.gid())).unwrap();
+    fs::set_permissions(&creds, fs::Permissions::from_mode(0o600)).unwrap();
+    creds
+}
+
+/// The token store's JSON (Null when unreadable).
+fn read_store(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(dir.join("oauth.json")).unwrap_or_default())
+        .unwrap_or_default()
+}
+
+/// While the OAuth session runs: the store is mounted read-write into the router only, and neither
+/// `podman inspect` nor the router's log holds a token.
+fn inspect_oauth_running(s: &mut Suite<'_>, dir: &Path, secrets: &[&str], store: &Path) {
+    let m = s.mode.name().to_owned();
+    let names = s.mode.podman_ok(&[
+        "ps",
+        "--filter",
+        &format!("label={PROJECT_LABEL}={}", dir.display()),
+        "--format",
+        "{{.Names}}",
+    ]);
+    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    let mut router_has_store = false;
+    for name in &names {
+        let json = s.mode.podman_ok(&["inspect", name]);
+        s.checks.check(
+            !secrets.iter().any(|t| json.contains(t)),
+            format!("[{m}] oauth: `podman inspect {name}` holds no token"),
+        );
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+        let mounts = v[0]["Mounts"].as_array().cloned().unwrap_or_default();
+        let of_store: Vec<&serde_json::Value> = mounts
+            .iter()
+            .filter(|mnt| {
+                mnt["Source"]
+                    .as_str()
+                    .is_some_and(|src| Path::new(src) == store)
+                    || mnt["Destination"] == "/etc/agent-sandbox-oauth"
+            })
+            .collect();
+        if name.ends_with("-router") {
+            router_has_store = of_store.len() == 1
+                && of_store[0]["Destination"] == "/etc/agent-sandbox-oauth"
+                && of_store[0]["RW"] == true;
+            let logs = text(&s.mode.podman(&["logs", name]));
+            s.checks.check(
+                !secrets.iter().any(|t| logs.contains(t)),
+                format!("[{m}] oauth: the router's log holds no token"),
+            );
+        } else {
+            s.checks.check(
+                of_store.is_empty(),
+                format!("[{m}] oauth: {name} does not have the token store: {mounts:?}"),
+            );
+        }
+    }
+    s.checks.check(
+        router_has_store,
+        format!("[{m}] oauth: the router has the token store, read-write: {names:?}"),
+    );
 }
 
 /// While the injecting session runs: what podman shows of its containers, and the secret files.
@@ -241,12 +578,15 @@ fn inspect_running(s: &mut Suite<'_>, dir: &Path, key: &str) {
     let meta = |f: &str| {
         fs::metadata(inject_dir.join(f)).map(|md| (format!("{:o}", md.mode() & 0o777), md.uid()))
     };
+    // Rootful: given to the router's user. Rootless: the user's own, which the router's user is
+    // mapped to (`--userns=keep-id:uid=65532`).
+    let owner = if s.mode.rootful() { 65532 } else { s.mode.uid };
     for f in ["ca.key", "api-key"] {
         let got = meta(f);
         s.checks.check(
             got.as_ref()
-                .is_ok_and(|(mode, uid)| mode == "600" && *uid != s.mode.uid),
-            format!("[{m}] {f} is 0600 and the router user's, not the invoking user's: {got:?}"),
+                .is_ok_and(|(mode, uid)| mode == "600" && *uid == owner),
+            format!("[{m}] {f} is 0600 and owned by {owner}, the router's user: {got:?}"),
         );
     }
     let got = meta("ca.pem");
@@ -257,7 +597,7 @@ fn inspect_running(s: &mut Suite<'_>, dir: &Path, key: &str) {
 }
 
 /// The stand-in on the egress network; returns its name and address once it says it is ready.
-fn start_standin(s: &mut Suite<'_>) -> (String, String) {
+fn start_standin(s: &mut Suite<'_>, (access, refresh): &(String, String)) -> (String, String) {
     let name = format!("as-e2e-standin-{}", std::process::id());
     let certs = s.ca.parent().unwrap().display().to_string();
     let script = s.artifacts.join("standin.py").display().to_string();
@@ -277,6 +617,10 @@ fn start_standin(s: &mut Suite<'_>) -> (String, String) {
         &format!("{certs}:/srv/certs:ro"),
         "--volume",
         &format!("{script}:/srv/standin.py:ro"),
+        "--env",
+        &format!("STANDIN_NEW_ACCESS={access}"),
+        "--env",
+        &format!("STANDIN_NEW_REFRESH={refresh}"),
         SANDBOX_IMAGE,
         "python3",
         "-u",
@@ -312,7 +656,12 @@ fn standin_requests(s: &Suite<'_>, name: &str) -> Vec<String> {
 
 /// A fake key of a real one's shape: `sk-ant-api03-`, 93 random characters, `AA`.
 fn fake_key() -> String {
-    let mut bytes = [0u8; 93];
+    format!("{}AA", fake_token("sk-ant-api03-", 93))
+}
+
+/// A fake credential: `prefix` and `len` random base64url characters.
+fn fake_token(prefix: &str, len: usize) -> String {
+    let mut bytes = vec![0u8; len];
     fs::File::open("/dev/urandom")
         .unwrap()
         .read_exact(&mut bytes)
@@ -322,7 +671,7 @@ fn fake_key() -> String {
         .iter()
         .map(|b| char::from(alphabet[usize::from(b & 63)]))
         .collect();
-    format!("sk-ant-api03-{body}AA")
+    format!("{prefix}{body}")
 }
 
 fn read(path: &Path) -> String {
