@@ -493,6 +493,23 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                     }
                     continue;
                 }
+                if path == "/te-gzip" {
+                    // A transfer coding the router did not ask for: the content the client would
+                    // decode (a gzip member; here its magic and stand-in bytes) is not what the scan
+                    // reads.
+                    let content = b"\x1f\x8b\x08\x00compressed-bytes";
+                    let mut response = format!(
+                        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n{:x}\r\n",
+                        content.len()
+                    )
+                    .into_bytes();
+                    response.extend_from_slice(content);
+                    response.extend_from_slice(b"\r\n0\r\n\r\n");
+                    if tls.write_all(&response).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 if path == "/v1/oauth/token" {
                     // The token endpoint answers chunked, with freshly issued tokens.
                     let json = format!(
@@ -944,4 +961,31 @@ async fn oauth_tokens_are_swapped_both_ways() {
         assert_eq!(requests.len(), 1, "{requests:?}");
         assert_eq!(requests[0]["credential"], "oauth", "{requests:?}");
     }
+}
+
+/// A response in a transfer coding other than chunked (say `gzip, chunked`, which a client that sent
+/// `TE: gzip` decodes) would carry content the scan cannot read, like a content-encoded one: the
+/// router answers 502 and passes none of it; and `TE` does not reach the upstream, so it has no
+/// reason to choose one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coded_response_is_refused() {
+    require_netns!();
+    let lab = Lab::start("injte").await;
+    let api = lab.world.name("api");
+    let mut c = lab.connect("api").await;
+    c.send(
+        format!(
+            "GET /te-gzip HTTP/1.1\r\nHost: {api}\r\nx-api-key: {PLACEHOLDER}\r\nTE: gzip\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    let got = c.rest().await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+    assert!(!contains(&got, "compressed-bytes"), "{text}");
+    let seen = lab.recorder.for_sni(&api);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let sent = String::from_utf8_lossy(&seen[0].bytes).to_ascii_lowercase();
+    assert!(!sent.contains("\r\nte:"), "{sent}");
 }

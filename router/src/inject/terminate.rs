@@ -684,7 +684,8 @@ impl Relay<'_> {
                 return Err(self.bad_upstream("the upstream switched protocols unasked"));
             }
             if frame.encoded {
-                // Asked for identity; an encoded body could carry a secret the scan cannot read.
+                // Asked for identity (and sent no TE); an encoded body could carry a secret the scan
+                // cannot read.
                 self.bad_upstream(
                     "the upstream sent a content-encoded response the scan cannot read",
                 );
@@ -845,7 +846,7 @@ struct ResponseFrame {
     body: Body,
     /// The upstream will close after it.
     close: bool,
-    /// A Content-Encoding other than `identity`.
+    /// A Content-Encoding other than `identity`, or a transfer coding other than `chunked`.
     encoded: bool,
 }
 
@@ -888,6 +889,9 @@ fn parse_response(buf: &[u8]) -> Result<Option<ResponseFrame>, String> {
                     .next_back()
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
             );
+            // A transfer coding is the client's to decode as much as a content coding: `gzip,
+            // chunked` would hand it content the scan never read.
+            encoded |= tokens().any(|t| !t.eq_ignore_ascii_case(b"chunked"));
         } else if h.name.eq_ignore_ascii_case("content-encoding") {
             encoded |= tokens().any(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"identity"));
         } else if h.name.eq_ignore_ascii_case("connection") {
@@ -1105,6 +1109,26 @@ mod tests {
                 .is_err()
         );
         assert_eq!(f("HTTP/1.1 200 OK\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn transfer_codings_other_than_chunked_count_as_encoded() {
+        let f = |te: &str| {
+            parse_response(format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: {te}\r\n\r\n").as_bytes())
+                .unwrap()
+                .unwrap()
+        };
+        assert!(!f("chunked").encoded);
+        assert!(!f("Chunked").encoded);
+        for te in [
+            "gzip, chunked",
+            "chunked, gzip",
+            "deflate",
+            "identity",
+            "x-gzip,chunked",
+        ] {
+            assert!(f(te).encoded, "{te}");
+        }
     }
 
     #[test]
