@@ -20,7 +20,8 @@
 //! Requests are answered in order: a pipelined request waits in the buffer until the response before it
 //! is complete, so the framing never depends on the upstream agreeing with the router about pipelining.
 //! A token request to the OAuth token host is read whole, rewritten by the store, and its response read
-//! whole and rewritten too ([`super::oauth_hook`]).
+//! whole and rewritten too ([`super::oauth_hook`]), within the peek timeout (the store stays locked
+//! meanwhile).
 
 use std::io;
 use std::pin::Pin;
@@ -559,19 +560,35 @@ impl Terminated<'_> {
             return Err(End);
         };
         let request = [again.head.as_slice(), &new_body].concat();
-        up_w.write_all(&request).await.map_err(|_| End)?;
-        up_w.flush().await.map_err(|_| End)?;
-        self.log.up(request.len() as u64);
+        let log = self.log;
         let mut relay = Relay {
             up_r,
             rbuf: &mut self.rbuf,
             client_w: &mut self.client_w,
             scanner: &mut self.scanner,
-            log: self.log,
+            log,
             name: &self.name,
             inject: self.inject,
         };
-        relay.token_response(exchange).await
+        // `exchange` holds the store's lock (every session's, through the flock) until it is finished
+        // or dropped: a token endpoint that does not answer must not keep it for the idle timeout,
+        // while other sessions give up on it after `LOCK_TIMEOUT` (30 s). Dropped at the deadline.
+        let answered = tokio::time::timeout(self.proxy.peek_timeout, async move {
+            up_w.write_all(&request).await.map_err(|_| End)?;
+            up_w.flush().await.map_err(|_| End)?;
+            log.up(request.len() as u64);
+            relay.token_response(exchange).await
+        })
+        .await;
+        match answered {
+            Ok(keep) => keep,
+            Err(_) => {
+                let why = "the token endpoint did not answer within the peek timeout";
+                self.log.upstream_failed(self.name.as_str(), &why);
+                self.answer("504 Gateway Timeout", why).await;
+                Err(End)
+            }
+        }
     }
 }
 
