@@ -246,7 +246,13 @@ impl OAuth {
                 len: body.len(),
             });
         }
-        let turn = Arc::clone(&self.exchange).lock_owned().await;
+        // The same deadline as the flock's: a turn queued behind other exchanges does not wait for
+        // longer than a session would.
+        let turn = tokio::time::timeout(LOCK_WAIT, Arc::clone(&self.exchange).lock_owned())
+            .await
+            .map_err(|_| StoreError::LockTimeout {
+                path: self.dir.join(oauth_store::LOCK_FILE),
+            })?;
         let dir = self.dir.clone();
         // Dropping this future while the blocking task waits is safe: the task's lock, if it gets
         // one, is dropped with its unread result.
@@ -842,6 +848,36 @@ mod tests {
         // ...and then sends the refresh token the first one stored, not the spent one.
         let second_sent = second.await.unwrap();
         assert_eq!(parse(&second_sent)["refresh_token"], "sk-ant-ort01-ROTATED");
+    }
+
+    /// Every exchange of this router waits for its turn at most as long as for the flock: a turn that
+    /// is not released (a stalled exchange) fails the next ones instead of holding them for as long as
+    /// their connections live.
+    #[tokio::test]
+    async fn waiting_for_this_routers_turn_has_the_lock_deadline() {
+        let tmp = TempStore::new("turn");
+        let oauth = Arc::new(OAuth::open(&tmp.config()).unwrap());
+        let request = b"grant_type=authorization_code&code=c".to_vec();
+        let (_, held) = oauth.begin_token_request(None, &request).await.unwrap();
+        tokio::time::pause();
+        let started = tokio::time::Instant::now();
+        let e = oauth
+            .begin_token_request(None, &request)
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, OAuthError::Store(StoreError::LockTimeout { .. })),
+            "{e}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= LOCK_WAIT && waited < LOCK_WAIT + Duration::from_secs(1),
+            "{waited:?}"
+        );
+        tokio::time::resume();
+        drop(held);
+        assert!(oauth.begin_token_request(None, &request).await.is_ok());
     }
 
     #[tokio::test]
