@@ -217,12 +217,21 @@ impl OAuth {
 
     /// The real access token when `bearer` is exactly the access-token placeholder (re-reads the store
     /// when it changed on disk: another session may have refreshed). None: leave the header alone.
+    /// A stored token that is not visible ASCII is never used: it goes into a header line as it is,
+    /// and the store's tokens may come from the home volume, which the sandbox writes (a CR LF in one
+    /// would end the header section early and start a request of the sandbox's making on the
+    /// upstream connection, ahead of the next request's real credential).
     pub(crate) fn access_token_for(&self, bearer: &[u8]) -> Option<Secret> {
         let cached = self.current();
         if bearer != cached.store.access_placeholder.as_bytes() {
             return None;
         }
-        cached.store.access_token.as_deref().map(Secret::from)
+        let token = cached.store.access_token.as_deref()?;
+        if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            tracing::warn!("the stored access token is not a header value; not used");
+            return None;
+        }
+        Some(Secret::from(token))
     }
 
     /// Whether this request goes to the token endpoint (host already checked == token_host): a POST to
@@ -944,6 +953,29 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, [oauth_store::STORE_FILE, oauth_store::LOCK_FILE]);
+    }
+
+    /// A token planted in the store (the launcher moves what the home volume holds) that would split
+    /// the header it goes into is not put on the wire.
+    #[test]
+    fn an_access_token_that_is_not_a_header_value_is_not_used() {
+        let tmp = TempStore::new("crlf");
+        let mut s = tmp.store();
+        for planted in [
+            "x\r\nContent-Length: 0\r\n\r\nPOST /v1/files HTTP/1.1\r\nHost: a\r\n",
+            "sk-ant-oat01-a b",
+            "sk-ant-oat01-\u{e9}",
+        ] {
+            s.access_token = Some(planted.into());
+            s.write(&tmp.0).unwrap();
+            let oauth = OAuth::open(&tmp.config()).unwrap();
+            assert!(
+                oauth
+                    .access_token_for(s.access_placeholder.as_bytes())
+                    .is_none(),
+                "{planted:?}"
+            );
+        }
     }
 
     #[test]
