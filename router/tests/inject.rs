@@ -465,7 +465,7 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                 let request: Vec<u8> = buf.drain(..body_end).collect();
                 recorder.0.lock().unwrap().push(Seen {
                     sni: sni.clone(),
-                    bytes: request,
+                    bytes: request.clone(),
                 });
                 let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
                 let key = header("x-api-key").unwrap_or_default();
@@ -492,6 +492,28 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                         return;
                     }
                     continue;
+                }
+                if path == "/te-gzip" {
+                    // A transfer coding the router did not ask for: the content the client would
+                    // decode (a gzip member; here its magic and stand-in bytes) is not what the scan
+                    // reads.
+                    let content = b"\x1f\x8b\x08\x00compressed-bytes";
+                    let mut response = format!(
+                        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n{:x}\r\n",
+                        content.len()
+                    )
+                    .into_bytes();
+                    response.extend_from_slice(content);
+                    response.extend_from_slice(b"\r\n0\r\n\r\n");
+                    if tls.write_all(&response).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                if path == "/v1/oauth/token" && contains(&request, "never-answer") {
+                    // A token endpoint that takes the request and never answers.
+                    tokio::time::sleep(Duration::from_secs(120)).await;
+                    return;
                 }
                 if path == "/v1/oauth/token" {
                     // The token endpoint answers chunked, with freshly issued tokens.
@@ -944,4 +966,65 @@ async fn oauth_tokens_are_swapped_both_ways() {
         assert_eq!(requests.len(), 1, "{requests:?}");
         assert_eq!(requests[0]["credential"], "oauth", "{requests:?}");
     }
+}
+
+/// A response in a transfer coding other than chunked (say `gzip, chunked`, which a client that sent
+/// `TE: gzip` decodes) would carry content the scan cannot read, like a content-encoded one: the
+/// router answers 502 and passes none of it; and `TE` does not reach the upstream, so it has no
+/// reason to choose one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coded_response_is_refused() {
+    require_netns!();
+    let lab = Lab::start("injte").await;
+    let api = lab.world.name("api");
+    let mut c = lab.connect("api").await;
+    c.send(
+        format!(
+            "GET /te-gzip HTTP/1.1\r\nHost: {api}\r\nx-api-key: {PLACEHOLDER}\r\nTE: gzip\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    let got = c.rest().await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+    assert!(!contains(&got, "compressed-bytes"), "{text}");
+    let seen = lab.recorder.for_sni(&api);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let sent = String::from_utf8_lossy(&seen[0].bytes).to_ascii_lowercase();
+    assert!(!sent.contains("\r\nte:"), "{sent}");
+}
+
+/// A token exchange holds the store's lock (this router's and, through the flock, every other
+/// session's) from the rewritten request until the answer: a token endpoint that never answers must
+/// not keep it for the idle timeout (an hour by default) while other sessions' refreshes give up after
+/// 30 s. The exchange has the peek timeout (5 s here): 504, and the next exchange goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_token_endpoint_gets_a_deadline() {
+    require_netns!();
+    let lab = Lab::start_with("injslowtok", true).await;
+    let token = lab.world.name("token");
+    let exchange = |note: &str| {
+        let body = format!(
+            "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"{note}\"}}"
+        );
+        format!(
+            "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut c = lab.connect("token").await;
+    c.send(exchange("never-answer").as_bytes()).await;
+    // Client::response gives up after 10 s.
+    let r = c
+        .response()
+        .await
+        .expect("an answer before the idle timeout");
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(!contains(&r.body, REFRESH), "{r:?}");
+    let mut c = lab.connect("token").await;
+    c.send(exchange("x").as_bytes()).await;
+    let r = c.response().await.expect("the next token response");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(contains(&r.body, ACCESS_PH), "{r:?}");
 }

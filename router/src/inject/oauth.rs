@@ -217,12 +217,21 @@ impl OAuth {
 
     /// The real access token when `bearer` is exactly the access-token placeholder (re-reads the store
     /// when it changed on disk: another session may have refreshed). None: leave the header alone.
+    /// A stored token that is not visible ASCII is never used: it goes into a header line as it is,
+    /// and the store's tokens may come from the home volume, which the sandbox writes (a CR LF in one
+    /// would end the header section early and start a request of the sandbox's making on the
+    /// upstream connection, ahead of the next request's real credential).
     pub(crate) fn access_token_for(&self, bearer: &[u8]) -> Option<Secret> {
         let cached = self.current();
         if bearer != cached.store.access_placeholder.as_bytes() {
             return None;
         }
-        cached.store.access_token.as_deref().map(Secret::from)
+        let token = cached.store.access_token.as_deref()?;
+        if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            tracing::warn!("the stored access token is not a header value; not used");
+            return None;
+        }
+        Some(Secret::from(token))
     }
 
     /// Whether this request goes to the token endpoint (host already checked == token_host): a POST to
@@ -246,7 +255,13 @@ impl OAuth {
                 len: body.len(),
             });
         }
-        let turn = Arc::clone(&self.exchange).lock_owned().await;
+        // The same deadline as the flock's: a turn queued behind other exchanges does not wait for
+        // longer than a session would.
+        let turn = tokio::time::timeout(LOCK_WAIT, Arc::clone(&self.exchange).lock_owned())
+            .await
+            .map_err(|_| StoreError::LockTimeout {
+                path: self.dir.join(oauth_store::LOCK_FILE),
+            })?;
         let dir = self.dir.clone();
         // Dropping this future while the blocking task waits is safe: the task's lock, if it gets
         // one, is dropped with its unread result.
@@ -844,6 +859,36 @@ mod tests {
         assert_eq!(parse(&second_sent)["refresh_token"], "sk-ant-ort01-ROTATED");
     }
 
+    /// Every exchange of this router waits for its turn at most as long as for the flock: a turn that
+    /// is not released (a stalled exchange) fails the next ones instead of holding them for as long as
+    /// their connections live.
+    #[tokio::test]
+    async fn waiting_for_this_routers_turn_has_the_lock_deadline() {
+        let tmp = TempStore::new("turn");
+        let oauth = Arc::new(OAuth::open(&tmp.config()).unwrap());
+        let request = b"grant_type=authorization_code&code=c".to_vec();
+        let (_, held) = oauth.begin_token_request(None, &request).await.unwrap();
+        tokio::time::pause();
+        let started = tokio::time::Instant::now();
+        let e = oauth
+            .begin_token_request(None, &request)
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, OAuthError::Store(StoreError::LockTimeout { .. })),
+            "{e}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= LOCK_WAIT && waited < LOCK_WAIT + Duration::from_secs(1),
+            "{waited:?}"
+        );
+        tokio::time::resume();
+        drop(held);
+        assert!(oauth.begin_token_request(None, &request).await.is_ok());
+    }
+
     #[tokio::test]
     async fn two_routers_on_one_store_are_serialised_by_the_flock() {
         let tmp = TempStore::new("flock");
@@ -908,6 +953,29 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, [oauth_store::STORE_FILE, oauth_store::LOCK_FILE]);
+    }
+
+    /// A token planted in the store (the launcher moves what the home volume holds) that would split
+    /// the header it goes into is not put on the wire.
+    #[test]
+    fn an_access_token_that_is_not_a_header_value_is_not_used() {
+        let tmp = TempStore::new("crlf");
+        let mut s = tmp.store();
+        for planted in [
+            "x\r\nContent-Length: 0\r\n\r\nPOST /v1/files HTTP/1.1\r\nHost: a\r\n",
+            "sk-ant-oat01-a b",
+            "sk-ant-oat01-\u{e9}",
+        ] {
+            s.access_token = Some(planted.into());
+            s.write(&tmp.0).unwrap();
+            let oauth = OAuth::open(&tmp.config()).unwrap();
+            assert!(
+                oauth
+                    .access_token_for(s.access_placeholder.as_bytes())
+                    .is_none(),
+                "{planted:?}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!   (the store decides what is a placeholder);
 //! - `Accept-Encoding` becomes `identity`, so the response comes back unencoded and the secret scan
 //!   ([`super::scan`]) reads what the client will read (a compressed echo of the key would pass it; an
-//!   encoded response is refused);
+//!   encoded response is refused); `TE` is dropped for the same reason (a transfer coding other than
+//!   chunked is refused too);
 //! - a token request's `Content-Length` is set to its rewritten body's length.
 //!
 //! Anything else that holds a placeholder (another header, a value with more around it, a body) passes
@@ -77,6 +78,11 @@ pub(crate) fn rewrite_head(
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("accept-encoding") {
             // Replaced by `identity` below.
+            continue;
+        }
+        if is("te") {
+            // The transfer codings the client accepts (RFC 9110, 10.1.4): hop-by-hop, and the router
+            // is the hop; a coded response is refused, so the upstream is not invited to send one.
             continue;
         }
         if is("content-type") {
@@ -277,6 +283,16 @@ mod tests {
         assert_eq!(
             (r.method.as_str(), r.target.as_str()),
             ("POST", "/v1/messages")
+        );
+        // TE is not passed on (any case): the upstream is not invited to pick a transfer coding.
+        let r = run(
+            "GET / HTTP/1.1\r\nHost: a\r\nTE: gzip, trailers\r\nte: deflate\r\nX-TE: 1\r\n\r\n",
+            true,
+            false,
+        );
+        assert_eq!(
+            text(&r),
+            "GET / HTTP/1.1\r\nHost: a\r\nX-TE: 1\r\nAccept-Encoding: identity\r\n\r\n"
         );
         // More around the placeholder: untouched.
         let r = run(

@@ -20,7 +20,8 @@
 //! Requests are answered in order: a pipelined request waits in the buffer until the response before it
 //! is complete, so the framing never depends on the upstream agreeing with the router about pipelining.
 //! A token request to the OAuth token host is read whole, rewritten by the store, and its response read
-//! whole and rewritten too ([`super::oauth_hook`]).
+//! whole and rewritten too ([`super::oauth_hook`]), within the peek timeout (the store stays locked
+//! meanwhile).
 
 use std::io;
 use std::pin::Pin;
@@ -559,19 +560,35 @@ impl Terminated<'_> {
             return Err(End);
         };
         let request = [again.head.as_slice(), &new_body].concat();
-        up_w.write_all(&request).await.map_err(|_| End)?;
-        up_w.flush().await.map_err(|_| End)?;
-        self.log.up(request.len() as u64);
+        let log = self.log;
         let mut relay = Relay {
             up_r,
             rbuf: &mut self.rbuf,
             client_w: &mut self.client_w,
             scanner: &mut self.scanner,
-            log: self.log,
+            log,
             name: &self.name,
             inject: self.inject,
         };
-        relay.token_response(exchange).await
+        // `exchange` holds the store's lock (every session's, through the flock) until it is finished
+        // or dropped: a token endpoint that does not answer must not keep it for the idle timeout,
+        // while other sessions give up on it after `LOCK_TIMEOUT` (30 s). Dropped at the deadline.
+        let answered = tokio::time::timeout(self.proxy.peek_timeout, async move {
+            up_w.write_all(&request).await.map_err(|_| End)?;
+            up_w.flush().await.map_err(|_| End)?;
+            log.up(request.len() as u64);
+            relay.token_response(exchange).await
+        })
+        .await;
+        match answered {
+            Ok(keep) => keep,
+            Err(_) => {
+                let why = "the token endpoint did not answer within the peek timeout";
+                self.log.upstream_failed(self.name.as_str(), &why);
+                self.answer("504 Gateway Timeout", why).await;
+                Err(End)
+            }
+        }
     }
 }
 
@@ -684,7 +701,8 @@ impl Relay<'_> {
                 return Err(self.bad_upstream("the upstream switched protocols unasked"));
             }
             if frame.encoded {
-                // Asked for identity; an encoded body could carry a secret the scan cannot read.
+                // Asked for identity (and sent no TE); an encoded body could carry a secret the scan
+                // cannot read.
                 self.bad_upstream(
                     "the upstream sent a content-encoded response the scan cannot read",
                 );
@@ -845,7 +863,7 @@ struct ResponseFrame {
     body: Body,
     /// The upstream will close after it.
     close: bool,
-    /// A Content-Encoding other than `identity`.
+    /// A Content-Encoding other than `identity`, or a transfer coding other than `chunked`.
     encoded: bool,
 }
 
@@ -888,6 +906,9 @@ fn parse_response(buf: &[u8]) -> Result<Option<ResponseFrame>, String> {
                     .next_back()
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
             );
+            // A transfer coding is the client's to decode as much as a content coding: `gzip,
+            // chunked` would hand it content the scan never read.
+            encoded |= tokens().any(|t| !t.eq_ignore_ascii_case(b"chunked"));
         } else if h.name.eq_ignore_ascii_case("content-encoding") {
             encoded |= tokens().any(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"identity"));
         } else if h.name.eq_ignore_ascii_case("connection") {
@@ -1105,6 +1126,26 @@ mod tests {
                 .is_err()
         );
         assert_eq!(f("HTTP/1.1 200 OK\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn transfer_codings_other_than_chunked_count_as_encoded() {
+        let f = |te: &str| {
+            parse_response(format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: {te}\r\n\r\n").as_bytes())
+                .unwrap()
+                .unwrap()
+        };
+        assert!(!f("chunked").encoded);
+        assert!(!f("Chunked").encoded);
+        for te in [
+            "gzip, chunked",
+            "chunked, gzip",
+            "deflate",
+            "identity",
+            "x-gzip,chunked",
+        ] {
+            assert!(f(te).encoded, "{te}");
+        }
     }
 
     #[test]
