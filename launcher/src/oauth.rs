@@ -189,8 +189,16 @@ pub fn prepare(store_dir: &Path, home_volume: &Path) -> Result<Prepared, Prepare
 /// Moves real tokens from Claude Code's `claudeAiOauth` section into `store`, leaving the placeholders
 /// in the section; whether there was anything to move. A value equal to a placeholder, empty, or not a
 /// string is not a token.
+/// The shortest value taken for a token (real ones are over 100 characters).
+const MIN_TOKEN_LEN: usize = 20;
+/// The longest value taken for a token.
+const MAX_TOKEN_LEN: usize = 4096;
+
 fn take_tokens(section: &mut Map<String, Value>, store: &mut OAuthStore) -> bool {
-    let real = |key: &str| match section.get(key) {
+    // Anything but our placeholders is replaced on the volume; only a value shaped like a token is
+    // kept in the store. A planted one-character "token" would otherwise join every router's response
+    // scan and cut every response holding that character (found in review).
+    let other = |key: &str| match section.get(key) {
         Some(Value::String(t))
             if !t.is_empty()
                 && *t != store.access_placeholder
@@ -200,16 +208,20 @@ fn take_tokens(section: &mut Map<String, Value>, store: &mut OAuthStore) -> bool
         }
         _ => None,
     };
-    let (access, refresh) = (real("accessToken"), real("refreshToken"));
+    let plausible = |t: &String| {
+        (MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&t.len())
+            && t.bytes().all(|b| b.is_ascii_graphic())
+    };
+    let (access, refresh) = (other("accessToken"), other("refreshToken"));
     if access.is_none() && refresh.is_none() {
         return false;
     }
-    if access.is_some() {
-        store.access_token = access;
+    if let Some(access) = access.filter(plausible) {
+        store.access_token = Some(access);
         store.expires_at = section.get("expiresAt").and_then(Value::as_u64);
     }
-    if refresh.is_some() {
-        store.refresh_token = refresh;
+    if let Some(refresh) = refresh.filter(plausible) {
+        store.refresh_token = Some(refresh);
     }
     if let Some(Value::Array(scopes)) = section.get("scopes") {
         store.scopes = scopes
@@ -567,6 +579,27 @@ mod tests {
         assert!(!again.moved_tokens && !again.wrote_credentials, "{again:?}");
         assert_eq!(d.store(), s);
         assert_eq!(d.read_credentials(), want);
+    }
+
+    #[test]
+    fn a_value_not_shaped_like_a_token_is_replaced_but_not_stored() {
+        let d = Dirs::new("planted");
+        let mut planted = signed_in();
+        planted["claudeAiOauth"]["accessToken"] = "a".into();
+        planted["claudeAiOauth"]["refreshToken"] = "sk-ant-ort01-with\r\nnewline-inside".into();
+        d.write_credentials(&planted, 0o600);
+        prepare(&d.store, &d.home).unwrap();
+        let s = d.store();
+        assert!(!s.has_tokens(), "a planted value reached the store");
+        let on_volume = d.read_credentials();
+        assert_eq!(
+            on_volume["claudeAiOauth"]["accessToken"],
+            s.access_placeholder.as_str()
+        );
+        assert_eq!(
+            on_volume["claudeAiOauth"]["refreshToken"],
+            s.refresh_placeholder.as_str()
+        );
     }
 
     #[test]
