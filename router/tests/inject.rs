@@ -968,6 +968,31 @@ async fn oauth_tokens_are_swapped_both_ways() {
     }
 }
 
+/// With the sign-in the router adds, creating an API key would bring a real key back into the sandbox
+/// (the scan cannot know it): such a request is refused with 403 and nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_is_not_minted_with_the_added_sign_in() {
+    require_netns!();
+    let lab = Lab::start_with("injmint", true).await;
+    let api = lab.world.name("api");
+    let mut c = lab.connect("api").await;
+    c.send(
+        format!(
+            "POST /api/oauth/claude_cli/create%5Fapi_key HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {ACCESS_PH}\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+        .as_bytes(),
+    )
+    .await;
+    let got = c.rest().await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(text.starts_with("HTTP/1.1 403 "), "{text}");
+    assert!(text.contains("ANTHROPIC_API_KEY"), "{text}");
+    assert!(
+        lab.recorder.for_sni(&api).is_empty(),
+        "the upstream saw the request"
+    );
+}
+
 /// A response in a transfer coding other than chunked (say `gzip, chunked`, which a client that sent
 /// `TE: gzip` decodes) would carry content the scan cannot read, like a content-encoded one: the
 /// router answers 502 and passes none of it; and `TE` does not reach the upstream, so it has no
