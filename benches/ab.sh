@@ -29,7 +29,7 @@ chmod 755 "$work"
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    if [ -f "$work/up.pid" ]; then kill "$(cat "$work/up.pid")" 2>/dev/null || true; fi
+    if [ -f "$work/nginx-up.pid" ]; then kill "$(cat "$work/nginx-up.pid")" 2>/dev/null || true; fi
     ip link del "$veth" 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "$work"
@@ -41,25 +41,7 @@ upstream_cert "$work"
 mkdir -p "$work/www"
 echo "hello from upstream" >"$work/www/small"
 truncate -s 256M "$work/www/bulk"
-cat >"$work/up.conf" <<EOF
-worker_processes 1;
-pid $work/up.pid;
-error_log $work/up.err warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    sendfile on;
-    keepalive_requests 1000000;
-    server {
-        listen 80 backlog=4096;
-        listen 443 ssl backlog=4096;
-        ssl_certificate $work/cert.pem;
-        ssl_certificate_key $work/key.pem;
-        root $work/www;
-    }
-}
-EOF
-ip netns exec "$ns" nginx -c "$work/up.conf" -e "$work/up.err"
+upstream_nginx "$ns" "$work"
 dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
     --listen-address=127.0.3.11 --port=5353 --user="$(id -un)" --pid-file= --local-ttl=300 \
     --address=/upstream.test/198.18.4.2 --address=/#/ 2>"$work/resolver.log" &

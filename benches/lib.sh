@@ -47,3 +47,29 @@ dns_queries() {
         echo "x$i.exfil.test A"
     done >"$1"
 }
+
+# upstream_nginx NS DIR: the benches' upstream, an nginx with one worker in namespace NS serving DIR/www on
+# 80 and on 443 (DIR/cert.pem, DIR/key.pem), no access log, sendfile, unlimited kept-alive requests. Its
+# pid file is DIR/nginx-up.pid (the caller's EXIT trap stops it).
+upstream_nginx() {
+    local ns=$1 dir=$2
+    cat >"$dir/nginx-up.conf" <<EOF
+worker_processes 1;
+pid $dir/nginx-up.pid;
+error_log $dir/nginx-up.err warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    sendfile on;
+    keepalive_requests 1000000;
+    server {
+        listen 80 backlog=4096;
+        listen 443 ssl backlog=4096;
+        ssl_certificate $dir/cert.pem;
+        ssl_certificate_key $dir/key.pem;
+        root $dir/www;
+    }
+}
+EOF
+    ip netns exec "$ns" nginx -c "$dir/nginx-up.conf" -e "$dir/nginx-up.err"
+}

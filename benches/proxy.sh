@@ -8,6 +8,8 @@
 # use. Root only. Traffic stays on this machine. Usage: benches/proxy.sh [SECONDS] [OUT.md]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 secs=${1:-10}
 out=${2:-/dev/stdout}
 router=${ROUTER_BIN:-target/release/agent-sandbox-router}
@@ -57,25 +59,7 @@ truncate -s 1G "$work/www/bulk"
 
 mime=/etc/nginx/mime.types
 [ -f "$mime" ] || mime=/dev/null
-cat >"$work/nginx-up.conf" <<EOF
-worker_processes 1;
-pid $work/nginx-up.pid;
-error_log $work/nginx-up.err warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    sendfile on;
-    keepalive_requests 1000000;
-    server {
-        listen 80 backlog=4096;
-        listen 443 ssl backlog=4096;
-        ssl_certificate $work/cert.pem;
-        ssl_certificate_key $work/key.pem;
-        root $work/www;
-    }
-}
-EOF
-ip netns exec "$ns" nginx -c "$work/nginx-up.conf" -e "$work/nginx-up.err"
+upstream_nginx "$ns" "$work"
 
 # --- name service for upstream.test --------------------------------------------------------------
 # The router resolves upstream.test to 198.18.0.5, nginx to 198.18.0.6; clients going direct use .2.

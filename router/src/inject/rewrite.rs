@@ -19,6 +19,7 @@
 use agent_sandbox_shared::logs::Credential;
 
 use super::oauth_hook::Secret;
+use crate::proxy::http::trim;
 
 /// What the credential swap may use for one request.
 #[derive(Debug, Clone, Copy)]
@@ -164,19 +165,6 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     }
     let token = trim(&value[7..]);
     (!token.is_empty()).then_some(token)
-}
-
-/// `v` without leading and trailing SP and HTAB.
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .map_or(start, |e| e + 1);
-    &v[start..end.max(start)]
 }
 
 /// The CRLF-separated lines of a head without its final empty line.

@@ -633,6 +633,17 @@ impl Relay<'_> {
         }
     }
 
+    /// The length of the next piece of a framed response body in `rbuf`, reading from the upstream when
+    /// `rbuf` is empty; the upstream closing mid-body or breaking the framing ends the connection.
+    async fn body_part(&mut self, framer: &mut BodyFramer) -> Result<usize, End> {
+        if self.rbuf.is_empty() && read_into(self.up_r, self.rbuf).await.map_err(|_| End)? == 0 {
+            return Err(self.bad_upstream("the upstream closed mid-body"));
+        }
+        framer
+            .advance(self.rbuf)
+            .map_err(|e| self.bad_upstream(&e.to_string()))
+    }
+
     /// Logs an upstream that broke HTTP framing.
     fn bad_upstream(&self, why: &str) -> End {
         self.log.upstream_failed(self.name.as_str(), &why);
@@ -739,14 +750,7 @@ impl Relay<'_> {
                     let mut framer = BodyFramer::new(length);
                     let mut dechunker = Dechunker::default();
                     while !framer.is_done() {
-                        if self.rbuf.is_empty()
-                            && read_into(self.up_r, self.rbuf).await.map_err(|_| End)? == 0
-                        {
-                            return Err(self.bad_upstream("the upstream closed mid-body"));
-                        }
-                        let n = framer
-                            .advance(self.rbuf)
-                            .map_err(|e| self.bad_upstream(&e.to_string()))?;
+                        let n = self.body_part(&mut framer).await?;
                         let part: Vec<u8> = self.rbuf.drain(..n).collect();
                         if chunked {
                             let content = dechunker.push(&part);
@@ -800,14 +804,7 @@ impl Relay<'_> {
             Body::Framed(length) => {
                 let mut framer = BodyFramer::new(length);
                 while !framer.is_done() {
-                    if self.rbuf.is_empty()
-                        && read_into(self.up_r, self.rbuf).await.map_err(|_| End)? == 0
-                    {
-                        return Err(self.bad_upstream("the upstream closed mid-body"));
-                    }
-                    let n = framer
-                        .advance(self.rbuf)
-                        .map_err(|e| self.bad_upstream(&e.to_string()))?;
+                    let n = self.body_part(&mut framer).await?;
                     raw.extend(self.rbuf.drain(..n));
                     if raw.len() > 2 * MAX_TOKEN_BODY {
                         return Err(self.bad_upstream("token response body too large"));

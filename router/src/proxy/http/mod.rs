@@ -187,7 +187,7 @@ pub fn response(status: Status, body: &str) -> Vec<u8> {
 }
 
 /// `v` without leading and trailing SP and HTAB.
-fn trim(v: &[u8]) -> &[u8] {
+pub(crate) fn trim(v: &[u8]) -> &[u8] {
     let start = v
         .iter()
         .position(|b| !matches!(b, b' ' | b'\t'))
