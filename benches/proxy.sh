@@ -173,6 +173,16 @@ cpu_ticks() { # sum utime + stime (clock ticks) of the given pids
     done
     echo "$total"
 }
+sys_ticks() { # sum stime (clock ticks) of the given pids: the kernel's share of cpu_ticks
+    local total=0 p
+    for p in "$@"; do
+        total=$((total + $(awk '{print $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+# Every process's CPU on the machine (user, nice, system, irq, softirq; not idle, iowait or steal), in
+# clock ticks: what one new connection costs the whole chain (load generator, proxy, upstream, kernel).
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 pids_rss() { # sum VmRSS (KiB) of the given pids
     local total=0 p
     for p in "$@"; do
@@ -205,6 +215,34 @@ proxy_pids_of() { # who -> the proxy's pids (none for direct)
         nginx) nginx_pids | sort -u ;;
     esac
 }
+# new_conns WHO IP SCHEME KEY: one run of new connections (wrk -c32, Connection: close); records their
+# rate, and per connection the proxy's CPU (all, and its system part) and the whole machine's CPU.
+new_conns() {
+    local who=$1 ip=$2 scheme=$3 key=$4 c0 s0 m0 c1 s1 m1 rate
+    c0=$(cpu_ticks "${proxy_pids[@]}")
+    s0=$(sys_ticks "${proxy_pids[@]}")
+    m0=$(machine_ticks)
+    rate=$(wrk_at "$ip" "$scheme://upstream.test/small" -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    c1=$(cpu_ticks "${proxy_pids[@]}")
+    s1=$(sys_ticks "${proxy_pids[@]}")
+    m1=$(machine_ticks)
+    add "$who,$key" "$rate"
+    add "$who,${key}_machine" "$(cpu_per_conn "$m0" "$m1" "$rate")"
+    [ "$who" = direct ] && return
+    add "$who,${key}_cpu" "$(cpu_per_conn "$c0" "$c1" "$rate")"
+    add "$who,${key}_sys" "$(cpu_per_conn "$s0" "$s1" "$rate")"
+}
+# bulk WHO IP SCHEME KEY: the 1 GiB file once; records MiB/s and the proxy's CPU for it in ms.
+bulk() {
+    local who=$1 ip=$2 scheme=$3 key=$4 c0 c1 bps
+    c0=$(cpu_ticks "${proxy_pids[@]}")
+    bps=$(curl -sk -o /dev/null --resolve "upstream.test:80:$ip" --resolve "upstream.test:443:$ip" \
+        -w '%{speed_download}' "$scheme://upstream.test/bulk")
+    c1=$(cpu_ticks "${proxy_pids[@]}")
+    add "$who,$key" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
+    [ "$who" = direct ] || add "$who,${key}_cpu" \
+        "$(awk -v t="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
+}
 # The bulk file is read once first so no contender pays for the upstream's cold page cache.
 curl -s -o /dev/null --resolve "upstream.test:80:198.18.0.2" http://upstream.test/bulk
 for round in $(seq "$rounds"); do
@@ -213,30 +251,19 @@ for round in $(seq "$rounds"); do
         ip=${target[$who]}
         add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
         mapfile -t proxy_pids < <(proxy_pids_of "$who")
-        cpu_before=$(cpu_ticks "${proxy_pids[@]}")
-        rate=$(wrk_at "$ip" https://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
-        cpu_after=$(cpu_ticks "${proxy_pids[@]}")
-        add "$who,https_new" "$rate"
-        [ "$who" = direct ] || add "$who,https_new_cpu" "$(cpu_per_conn "$cpu_before" "$cpu_after" "$rate")"
+        new_conns "$who" "$ip" https https_new
         perf_pid=
         if [ -n "${PROFILE:-}" ] && [ "$who" = router ] && [ "$round" = 1 ]; then
             # PROFILE=FILE: a perf profile of the router during its first new-HTTP-connections run.
             perf record -F 999 -g -p "$router_pid" -o "$PROFILE" -- sleep "$secs" >/dev/null 2>&1 &
             perf_pid=$!
         fi
-        cpu_before=$(cpu_ticks "${proxy_pids[@]}")
-        rate=$(wrk_at "$ip" http://upstream.test/small -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
-        cpu_after=$(cpu_ticks "${proxy_pids[@]}")
-        add "$who,http_new" "$rate"
-        [ "$who" = direct ] || add "$who,http_new_cpu" "$(cpu_per_conn "$cpu_before" "$cpu_after" "$rate")"
+        new_conns "$who" "$ip" http http_new
         [ -z "$perf_pid" ] || wait "$perf_pid" || true
-        cpu_before=$(cpu_ticks "${proxy_pids[@]}")
-        bps=$(curl -s -o /dev/null --resolve "upstream.test:80:$ip" -w '%{speed_download}' http://upstream.test/bulk)
-        cpu_after=$(cpu_ticks "${proxy_pids[@]}")
-        add "$who,bulk" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
-        # The proxy's CPU per GiB relayed, in milliseconds (the file is exactly 1 GiB).
-        [ "$who" = direct ] || add "$who,bulk_cpu" \
-            "$(awk -v t="$((cpu_after - cpu_before))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
+        # The proxy's CPU per GiB relayed, in milliseconds (the file is exactly 1 GiB): over HTTP (the
+        # proxies relay plain bytes) and HTTPS (the same relay; the client decrypts).
+        bulk "$who" "$ip" http bulk
+        bulk "$who" "$ip" https bulk_tls
     done
 done
 declare -A result spread
@@ -293,24 +320,42 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 {
     echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | router/nginx | router default/nginx | router/direct |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-    for m in https_keepalive https_new http_new bulk https_new_cpu http_new_cpu bulk_cpu; do
+    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine http_new_machine; do
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
             https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
             http_new) label="new HTTP connections/s (wrk -c32, Connection: close)" ;;
             bulk) label="bulk 1 GiB over HTTP, MiB/s (curl)" ;;
+            bulk_tls) label="bulk 1 GiB over HTTPS, MiB/s (curl)" ;;
             https_new_cpu) label="proxy CPU per new HTTPS connection, µs (lower is better)" ;;
+            https_new_sys) label="… of which in the kernel (system time), µs" ;;
             http_new_cpu) label="proxy CPU per new HTTP connection, µs (lower is better)" ;;
-            bulk_cpu) label="proxy CPU per GiB relayed, ms (lower is better)" ;;
+            http_new_sys) label="… of which in the kernel (system time), µs" ;;
+            bulk_cpu) label="proxy CPU per GiB relayed over HTTP, ms (lower is better)" ;;
+            bulk_tls_cpu) label="proxy CPU per GiB relayed over HTTPS, ms (lower is better)" ;;
+            https_new_machine) label="whole machine's CPU per new HTTPS connection, µs" ;;
+            http_new_machine) label="whole machine's CPU per new HTTP connection, µs" ;;
         esac
         r=${result[router,$m]:--} t=${result[router_mt,$m]:--} n=${result[nginx,$m]:--} d=${result[direct,$m]:--}
         echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "direct,$m") | $(ratio "$r" "$n") | $(ratio "$t" "$n") | $(ratio "$r" "$d") |"
     done
     echo
+    # The ceiling a proxy's rate can reach against nginx's on this machine: every new connection costs the
+    # whole chain (load generator, upstream, kernel) its CPU; a proxy that cost nothing at all would leave
+    # nginx's run that much cheaper per connection, and the cores are shared and busy.
+    for m in https_new http_new; do
+        mach=${result[nginx,${m}_machine]:-} own=${result[nginx,${m}_cpu]:-}
+        if [ -z "$mach" ] || [ -z "$own" ]; then continue; fi
+        echo "- $m: the machine spent ${mach} µs per connection through nginx, ${own} µs of it in nginx;" \
+            "a proxy costing nothing would reach at most $(ratio "$mach" "$((mach - own))")x nginx's rate" \
+            "(if the cores are saturated; a proxy costing only its kernel time, ${result[router,${m}_sys]:--} µs:" \
+            "$(ratio "$mach" "$((mach - own + ${result[router,${m}_sys]:-0}))")x)."
+    done
+    echo
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
     echo "order. Samples (router / router default threads / nginx / direct):"
     echo
-    for m in https_keepalive https_new http_new bulk https_new_cpu http_new_cpu bulk_cpu; do
+    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine http_new_machine; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
         echo "- $m: ${r% } / ${t% } / ${n% } / ${d% }"
     done
