@@ -164,7 +164,8 @@ wrk_at() { # ip url [wrk args...]
     unshare --mount sh -c 'mount --bind "$1" /etc/hosts && shift && exec wrk "$@"' sh "$work/hosts.$ip" \
         "$@" --latency "$url"
 }
-rps() { awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
+# Requests/s from wrk's output; the whole output is kept, so errors it reports are summed in the report.
+rps() { tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
 
 cpu_ticks() { # sum utime + stime (clock ticks) of the given pids
     local total=0 p
@@ -183,6 +184,9 @@ sys_ticks() { # sum stime (clock ticks) of the given pids: the kernel's share of
 # Every process's CPU on the machine (user, nice, system, irq, softirq; not idle, iowait or steal), in
 # clock ticks: what one new connection costs the whole chain (load generator, proxy, upstream, kernel).
 machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+# busy_cores T0 T1 SECONDS: how many cores machine_ticks says were busy on average over a run. At the
+# number of cores the machine was saturated, and its CPU per connection is only the inverse of the rate.
+busy_cores() { awk -v t="$(($2 - $1))" -v hz="$(getconf CLK_TCK)" -v s="$3" 'BEGIN {printf "%.2f", t / hz / s}'; }
 pids_rss() { # sum VmRSS (KiB) of the given pids
     local total=0 p
     for p in "$@"; do
@@ -199,11 +203,14 @@ cpu_per_conn() { # ticks_before ticks_after rate
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }'
 }
 
-# Each measure runs ROUNDS times (default 5), the contenders in a rotating order, and the median with its
-# spread (lowest and highest sample) is reported: one contender never always goes first (cold caches) or
+# Each measure runs ROUNDS times (default 5), the contenders in a rotating (and every other round
+# reversed) order, and the median with its spread (lowest and highest sample) is reported: one
+# contender never always goes first (cold caches) or
 # last (a warm machine), a noisy second on the shared cores moves one sample, not the result, and a
 # difference smaller than the spread is visibly noise.
 rounds=${ROUNDS:-5}
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+: >"$work/wrk.all"
 order=(router router_mt nginx direct)
 median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A samples
@@ -228,6 +235,7 @@ new_conns() {
     m1=$(machine_ticks)
     add "$who,$key" "$rate"
     add "$who,${key}_machine" "$(cpu_per_conn "$m0" "$m1" "$rate")"
+    add "$who,${key}_busy" "$(busy_cores "$m0" "$m1" "$secs")"
     [ "$who" = direct ] && return
     add "$who,${key}_cpu" "$(cpu_per_conn "$c0" "$c1" "$rate")"
     add "$who,${key}_sys" "$(cpu_per_conn "$s0" "$s1" "$rate")"
@@ -247,7 +255,11 @@ bulk() {
 curl -s -o /dev/null --resolve "upstream.test:80:198.18.0.2" http://upstream.test/bulk
 for round in $(seq "$rounds"); do
     for k in 0 1 2 3; do
-        who=${order[$(((round - 1 + k) % 4))]}
+        # Rotated each round and reversed every other round: 8 orders, so no contender always
+        # follows the same one and round 5 does not repeat round 1.
+        step=$k
+        [ $((round % 2)) = 1 ] || step=$((3 - k))
+        who=${order[$(((round - 1 + step) % 4))]}
         ip=${target[$who]}
         add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
         mapfile -t proxy_pids < <(proxy_pids_of "$who")
@@ -260,8 +272,9 @@ for round in $(seq "$rounds"); do
         fi
         new_conns "$who" "$ip" http http_new
         [ -z "$perf_pid" ] || wait "$perf_pid" || true
-        # The proxy's CPU per GiB relayed, in milliseconds (the file is exactly 1 GiB): over HTTP (the
-        # proxies relay plain bytes) and HTTPS (the same relay; the client decrypts).
+        # The proxy's CPU per GiB relayed, in milliseconds (the file is exactly 1 GiB): over HTTP and over
+        # HTTPS (relayed encrypted, as it comes: the router's relay, nginx's stream module; the client
+        # decrypts).
         bulk "$who" "$ip" http bulk
         bulk "$who" "$ip" https bulk_tls
     done
@@ -318,9 +331,13 @@ busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 {
+    echo "Machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r);"
+    echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($router, $(sha256sum "$router" | cut -c1-12));"
+    echo "load average before the run: $load_before."
+    echo
     echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | router/nginx | router default/nginx | router/direct |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine http_new_machine; do
+    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
             https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
@@ -335,27 +352,21 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             bulk_tls_cpu) label="proxy CPU per GiB relayed over HTTPS, ms (lower is better)" ;;
             https_new_machine) label="whole machine's CPU per new HTTPS connection, µs" ;;
             http_new_machine) label="whole machine's CPU per new HTTP connection, µs" ;;
+            https_new_busy) label="cores busy during the new HTTPS connections run (of $(nproc))" ;;
+            http_new_busy) label="cores busy during the new HTTP connections run (of $(nproc))" ;;
         esac
         r=${result[router,$m]:--} t=${result[router_mt,$m]:--} n=${result[nginx,$m]:--} d=${result[direct,$m]:--}
         echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "direct,$m") | $(ratio "$r" "$n") | $(ratio "$t" "$n") | $(ratio "$r" "$d") |"
     done
     echo
-    # The ceiling a proxy's rate can reach against nginx's on this machine: every new connection costs the
-    # whole chain (load generator, upstream, kernel) its CPU; a proxy that cost nothing at all would leave
-    # nginx's run that much cheaper per connection, and the cores are shared and busy.
-    for m in https_new http_new; do
-        mach=${result[nginx,${m}_machine]:-} own=${result[nginx,${m}_cpu]:-}
-        if [ -z "$mach" ] || [ -z "$own" ]; then continue; fi
-        echo "- $m: the machine spent ${mach} µs per connection through nginx, ${own} µs of it in nginx;" \
-            "a proxy costing nothing would reach at most $(ratio "$mach" "$((mach - own))")x nginx's rate" \
-            "(if the cores are saturated; a proxy costing only its kernel time, ${result[router,${m}_sys]:--} µs:" \
-            "$(ratio "$mach" "$((mach - own + ${result[router,${m}_sys]:-0}))")x)."
-    done
+    echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \
+        "$(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(",", ""); c += $4; r += $6; w += $8; t += $10}
+            END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$work/wrk.all")."
     echo
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
     echo "order. Samples (router / router default threads / nginx / direct):"
     echo
-    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine http_new_machine; do
+    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
         echo "- $m: ${r% } / ${t% } / ${n% } / ${d% }"
     done

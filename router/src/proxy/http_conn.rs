@@ -20,7 +20,7 @@ use tracing::warn;
 use super::conn_log::ConnLog;
 use super::http::{self, BodyFramer, HeadError, HeadReader, RequestHead, Status};
 use super::refusal::{self, refuse_http, send_and_close, Refusals};
-use super::relay::{self, read_some, shutdown_write, write_all};
+use super::relay::{self, read_first, read_some, shutdown_write, write_all, write_first};
 use super::{show, Proxy, PEEK_READ};
 use crate::metrics::{CloseReason, RefusalReason};
 
@@ -169,6 +169,9 @@ impl HttpConn<'_> {
     ) -> HeadRead {
         // Scans only the bytes each read adds: a head sent a byte at a time costs linear work.
         let mut reader = HeadReader::new();
+        // The first request's first read goes out at once (see `read_first`); later heads on a
+        // kept-alive connection are usually not there yet, so they wait for the runtime.
+        let mut first = deadline.is_some() && buf.is_empty();
         loop {
             if !buf.is_empty() {
                 match reader.parse(buf) {
@@ -178,7 +181,13 @@ impl HttpConn<'_> {
                 }
                 deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.peek_timeout);
             }
-            let read = read_some(self.client, buf, PEEK_READ);
+            let read = async {
+                if std::mem::take(&mut first) {
+                    read_first(self.client, buf, PEEK_READ).await
+                } else {
+                    read_some(self.client, buf, PEEK_READ).await
+                }
+            };
             let n = match deadline {
                 Some(d) => match tokio::time::timeout_at(d, read).await {
                     Ok(r) => r,
@@ -377,7 +386,12 @@ impl HttpRelay<'_> {
                     return RequestsEnd::Refused(response);
                 }
             }
-            if write_all(upstream, &buf[..head.len]).await.is_err() {
+            let head_out = if index == 0 {
+                write_first(upstream, &buf[..head.len]).await
+            } else {
+                write_all(upstream, &buf[..head.len]).await
+            };
+            if head_out.is_err() {
                 return RequestsEnd::Failed;
             }
             log.up(head.len as u64);

@@ -243,6 +243,68 @@ pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()
     Ok(())
 }
 
+/// The first read of a connection's side: tried at once with recv(2), without waiting for the runtime,
+/// then as [`read_some`]. tokio learns a freshly registered socket's readiness only at its next turn of
+/// the event loop, which under load is a good fraction of a millisecond, while the bytes a client sends
+/// right after connecting (a ClientHello, a request head) are usually there by the time its connection
+/// is first polled. Reading outside tokio's readiness is safe: it is never cleared here, so at worst
+/// the next wait finds a stale readiness, retries and clears it. Costs one failed recv(2) when nothing
+/// is there yet.
+pub(crate) async fn read_first(
+    src: &TcpStream,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let len = spare.len().min(max);
+    // SAFETY: recv writes at most `len` bytes into the vector's spare capacity.
+    let n = unsafe {
+        libc::recv(
+            src.as_raw_fd(),
+            spare.as_mut_ptr().cast(),
+            len,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n >= 0 {
+        let n = n as usize;
+        // SAFETY: recv initialised `n` (<= len) bytes after the vector's length.
+        unsafe { buf.set_len(buf.len() + n) };
+        return Ok(n);
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => read_some(src, buf, max).await,
+        _ => Err(e),
+    }
+}
+
+/// Writes all of `data` to a side that has not been written to yet: the first attempt goes out at once
+/// with send(2), without waiting for the runtime to report the fresh socket writable (see
+/// [`read_first`]); whatever the socket does not take goes through [`write_all`].
+pub(crate) async fn write_first(dst: &TcpStream, data: &[u8]) -> io::Result<()> {
+    // SAFETY: send reads at most `data.len()` bytes from `data`.
+    let n = unsafe {
+        libc::send(
+            dst.as_raw_fd(),
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    let sent = if n >= 0 {
+        n as usize
+    } else {
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => 0,
+            _ => return Err(e),
+        }
+    };
+    write_all(dst, &data[sent..]).await
+}
+
 /// Reads once from a shared stream into `buf` (appending at most `max` bytes); `Ok(0)` is end of stream.
 /// The buffer only grows once data is there, so an idle connection waiting here holds no buffer; the
 /// read goes into spare capacity without zeroing it first, so a client sending one byte per segment costs

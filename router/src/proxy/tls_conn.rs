@@ -25,7 +25,7 @@ use tracing::debug;
 
 use super::conn_log::ConnLog;
 use super::refusal::{self, refuse_tls};
-use super::relay::{self, read_some, shutdown_write, write_all};
+use super::relay::{self, read_first, read_some, shutdown_write, write_all, write_first};
 use super::retry::{SecondHello, ServerFirst, ServerHelloWatch};
 use super::tls::{AlertDescription, HelloReader};
 use super::{show, Proxy, PEEK_READ};
@@ -89,7 +89,7 @@ impl Proxy {
             }
         };
         let hello = reader.into_buffered();
-        if write_all(&upstream, &hello).await.is_err() {
+        if write_first(&upstream, &hello).await.is_err() {
             log.set_decision(Decision::UpstreamError);
             return;
         }
@@ -194,9 +194,17 @@ impl Proxy {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut reader = HelloReader::new();
         let mut buf = Vec::with_capacity(PEEK_READ);
+        let mut first = true;
         loop {
             buf.clear();
-            match tokio::time::timeout_at(deadline, read_some(client, &mut buf, PEEK_READ)).await {
+            let read = async {
+                if std::mem::take(&mut first) {
+                    read_first(client, &mut buf, PEEK_READ).await
+                } else {
+                    read_some(client, &mut buf, PEEK_READ).await
+                }
+            };
+            match tokio::time::timeout_at(deadline, read).await {
                 Err(_) => {
                     log.client_failed("", "peek timeout", Some(CloseReason::ClientTimeout));
                     refuse_tls(client, AlertDescription::AccessDenied).await;
