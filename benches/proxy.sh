@@ -364,7 +364,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$work/wrk.all")."
     echo
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
-    echo "order. Samples (router / router default threads / nginx / direct):"
+    echo "order, every other round reversed. Samples (router / router default threads / nginx / direct):"
     echo
     for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
