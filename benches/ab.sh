@@ -27,14 +27,7 @@ veth="asbab$$"
 work=$(mktemp -d)
 chmod 755 "$work"
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    if [ -f "$work/nginx-up.pid" ]; then kill "$(cat "$work/nginx-up.pid")" 2>/dev/null || true; fi
-    ip link del "$veth" 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
 upstream_netns "$ns" "$veth" 198.18.4.1/30 198.18.4.2/30
 upstream_cert "$work"

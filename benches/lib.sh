@@ -1,6 +1,22 @@
 # shellcheck shell=bash
-# Set-up shared by the benches that run an upstream in a network namespace of their own (reload.sh,
-# soak.sh). Sourced, not run. Every function only creates; the caller's EXIT trap removes what it made.
+# Set-up shared by the benches that run an upstream in a network namespace of their own (ab.sh, proxy.sh,
+# reload.sh, soak.sh). Sourced, not run. Every function but bench_cleanup only creates; bench_cleanup, the
+# callers' EXIT trap, removes what they made.
+
+# bench_cleanup: kills the caller's background processes ($pids) and every nginx whose pid file is in
+# $work, removes the veth pair $veth and the namespace $ns, then $work. Each step tolerates what is not
+# there (the trap may fire before everything was made).
+# shellcheck disable=SC2154 # the caller's variables
+bench_cleanup() {
+    local p f
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for f in "$work"/nginx-*.pid; do
+        if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    done
+    ip link del "$veth" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$work"
+}
 
 # upstream_netns NS VETH HOST_CIDR NS_CIDR...: a network namespace NS joined to this host by the veth pair
 # VETH (host side, address HOST_CIDR) / eth0 (NS side, every NS_CIDR). No default route inside: the

@@ -24,17 +24,7 @@ veth="asbb$$"
 work=$(mktemp -d)
 chmod 755 "$work"
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    local f
-    for f in "$work/nginx-up.pid" "$work/nginx-px.pid"; do
-        if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
-    done
-    ip link del "$veth" 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
 # --- the upstream host ---------------------------------------------------------------------------
 ip netns add "$ns"

@@ -28,36 +28,14 @@ veth="asbr$$"
 work=$(mktemp -d)
 chmod 755 "$work"
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    if [ -f "$work/nginx-up.pid" ]; then kill "$(cat "$work/nginx-up.pid")" 2>/dev/null || true; fi
-    ip link del "$veth" 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
 # --- the upstream host ---------------------------------------------------------------------------
 upstream_netns "$ns" "$veth" 198.18.0.1/30 198.18.0.2/30
 upstream_cert "$work"
 mkdir -p "$work/www"
 echo "hello from upstream" >"$work/www/small"
-cat >"$work/nginx-up.conf" <<EOF
-worker_processes 1;
-pid $work/nginx-up.pid;
-error_log $work/nginx-up.err warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    server {
-        listen 443 ssl backlog=4096;
-        ssl_certificate $work/cert.pem;
-        ssl_certificate_key $work/key.pem;
-        root $work/www;
-    }
-}
-EOF
-ip netns exec "$ns" nginx -c "$work/nginx-up.conf" -e "$work/nginx-up.err"
+upstream_nginx "$ns" "$work"
 
 dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
     --listen-address=127.0.3.1 --port=5353 --user="$(id -un)" --pid-file= \

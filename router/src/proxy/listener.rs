@@ -107,8 +107,7 @@ impl Proxy {
             let span = tracing::debug_span!("conn", client = %peer, listener = kind.as_str());
             // Boxed at once: a connection's future is several KiB and the wrappers below (the select,
             // the span, the task cell) each move what they wrap, so unboxed it was copied whole at each
-            // step (memmove 3.6 µs of a new HTTP connection's CPU, 2.3 µs of a TLS one's; 0.8 and 0.6
-            // boxed). Moving a box moves a pointer.
+            // step (measured in BENCHMARKS.md, issue 18). Moving a box moves a pointer.
             let work = Box::pin(handler(Arc::clone(&self), stream, peer));
             let open = self.bounds.metrics.open(listener);
             let shutdown = stop.shutdown.clone();

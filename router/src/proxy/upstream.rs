@@ -464,8 +464,8 @@ impl Upstream {
 ///
 /// On a local or fast link the handshake is often complete by the time connect(2) returns (the SYN's
 /// answer is processed in the same system call), so one poll(2) looks before the connection waits for
-/// the runtime's next event-loop turn: under load that turn was the upstream connect's whole cost
-/// (0.54 ms on average for new TLS connections, against nginx's 0.07 ms).
+/// the runtime's next event-loop turn, which under load was the upstream connect's whole cost
+/// (measured in BENCHMARKS.md, issue 18).
 async fn dial(addr: SocketAddr) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(
