@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Proxy benchmark: agent-sandbox-router (standalone) vs nginx (stream ssl_preread on 443, Host-routing
-# proxy_pass on 80) vs connecting directly, against the same upstream, in one run.
+# proxy_pass on 80) vs connecting directly, against the same upstream, in one run; for bulk also socat,
+# a plain relay to a fixed address, to show what relaying a stream costs here with nothing else done.
 #
 # The upstream is an nginx in a network namespace this script creates (198.18.0.2, RFC 2544 benchmarking
 # range), reached over a veth pair: the router refuses to dial loopback by design. The name
@@ -15,7 +16,7 @@ out=${2:-/dev/stdout}
 router=${ROUTER_BIN:-target/release/agent-sandbox-router}
 [ -x "$router" ] || cargo build --release -p agent-sandbox-router
 [ "$(id -u)" = 0 ] || { echo "benches/proxy.sh needs root (network namespace)" >&2; exit 1; }
-for tool in nginx dnsmasq wrk curl openssl python3 unshare; do
+for tool in nginx dnsmasq wrk curl openssl python3 unshare socat; do
     command -v "$tool" >/dev/null || { echo "missing $tool (make bench installs the tools)" >&2; exit 1; }
 done
 
@@ -24,6 +25,7 @@ veth="asbb$$"
 work=$(mktemp -d)
 chmod 755 "$work"
 pids=()
+socat_pids=()
 trap bench_cleanup EXIT
 
 # --- the upstream host ---------------------------------------------------------------------------
@@ -36,8 +38,10 @@ ip -n "$ns" addr add 198.18.0.2/30 dev eth0
 # never exhaust the ports of the next.
 ip -n "$ns" addr add 198.18.0.5/32 dev eth0
 ip -n "$ns" addr add 198.18.0.6/32 dev eth0
+ip -n "$ns" addr add 198.18.0.7/32 dev eth0
 ip route add 198.18.0.5/32 dev "$veth"
 ip route add 198.18.0.6/32 dev "$veth"
+ip route add 198.18.0.7/32 dev "$veth"
 ip -n "$ns" link set eth0 up
 ip -n "$ns" link set lo up
 
@@ -129,6 +133,15 @@ http {
 }
 EOF
 nginx -c "$work/nginx-px.conf" -e "$work/nginx-px.err"
+# socat, for the bulk rows only: a plain relay to one fixed address (no name routing, no parsing), what
+# the design the router replaces used, so what relaying a stream costs on this machine with nothing else
+# done. A child per connection, one buffer of 1 MiB: its fastest of 8 KiB (its default), 128 KiB and
+# 1 MiB here (1 GiB over HTTP, 2 runs each: 0.3-0.6, 0.9-1.1 and 1.5-1.6 GB/s).
+for port in 80 443; do
+    socat -b 1048576 "TCP-LISTEN:$port,bind=127.0.4.1,reuseaddr,fork,backlog=64" "TCP:198.18.0.7:$port" &
+    pids+=($!)
+    socat_pids+=($!)
+done
 dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
     --listen-address=127.0.2.1 --port=5302 --user="$(id -un)" --pid-file= \
     --address=/upstream.test/127.0.2.1 --address=/#/ 2>"$work/dnsmasq.log" &
@@ -137,13 +150,13 @@ dnsmasq_pid=$!
 
 ready() { curl -sk --max-time 2 --resolve "upstream.test:443:$1" https://upstream.test/small >/dev/null; }
 for _ in $(seq 100); do
-    ready 127.0.1.1 && ready 127.0.1.2 && ready 127.0.2.1 && ready 198.18.0.2 && break
+    ready 127.0.1.1 && ready 127.0.1.2 && ready 127.0.2.1 && ready 198.18.0.2 && ready 127.0.4.1 && break
     sleep 0.1
 done
 ready 127.0.1.1 || { echo "router not ready:"; cat "$work/router.log"; exit 1; } >&2
 ready 127.0.1.2 || { echo "router (default threads) not ready:"; cat "$work/router2.log"; exit 1; } >&2
 
-declare -A target=([router]=127.0.1.1 [router_mt]=127.0.1.2 [nginx]=127.0.2.1 [direct]=198.18.0.2)
+declare -A target=([router]=127.0.1.1 [router_mt]=127.0.1.2 [nginx]=127.0.2.1 [direct]=198.18.0.2 [socat]=127.0.4.1)
 
 # wrk resolves names with getaddrinfo and has no --resolve: give it a private /etc/hosts.
 wrk_at() { # ip url [wrk args...]
@@ -184,6 +197,21 @@ pids_rss() { # sum VmRSS (KiB) of the given pids
     done
     echo "$total"
 }
+# socat_ticks: the socat listeners' CPU with their finished children's (utime + stime + cutime + cstime),
+# once no child is left: a child's time is added to its parent's when the parent reaps it.
+socat_ticks() {
+    local p total=0 left
+    for _ in $(seq 100); do
+        left=0
+        for p in "${socat_pids[@]}"; do pgrep -P "$p" >/dev/null && left=1; done
+        [ "$left" = 0 ] && break
+        sleep 0.05
+    done
+    for p in "${socat_pids[@]}"; do
+        total=$((total + $(awk '{print $14 + $15 + $16 + $17}' "/proc/$p/stat")))
+    done
+    echo "$total"
+}
 nginx_pids() { pgrep -f "nginx.*$work/nginx-px.conf" ; pgrep -P "$(cat "$work/nginx-px.pid")"; }
 
 # The proxy's own CPU (user + system) per new connection over one run, in microseconds: less sensitive to
@@ -201,7 +229,7 @@ cpu_per_conn() { # ticks_before ticks_after rate
 rounds=${ROUNDS:-5}
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : >"$work/wrk.all"
-order=(router router_mt nginx direct)
+order=(router router_mt nginx direct socat)
 median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A samples
 add() { samples[$1]+="$2 "; }
@@ -230,13 +258,14 @@ new_conns() {
     add "$who,${key}_cpu" "$(cpu_per_conn "$c0" "$c1" "$rate")"
     add "$who,${key}_sys" "$(cpu_per_conn "$s0" "$s1" "$rate")"
 }
+bulk_ticks() { if [ "$1" = socat ]; then socat_ticks; else cpu_ticks "${proxy_pids[@]}"; fi; }
 # bulk WHO IP SCHEME KEY: the 1 GiB file once; records MiB/s and the proxy's CPU for it in ms.
 bulk() {
     local who=$1 ip=$2 scheme=$3 key=$4 c0 c1 bps
-    c0=$(cpu_ticks "${proxy_pids[@]}")
+    c0=$(bulk_ticks "$who")
     bps=$(curl -sk -o /dev/null --resolve "upstream.test:80:$ip" --resolve "upstream.test:443:$ip" \
         -w '%{speed_download}' "$scheme://upstream.test/bulk")
-    c1=$(cpu_ticks "${proxy_pids[@]}")
+    c1=$(bulk_ticks "$who")
     add "$who,$key" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
     [ "$who" = direct ] || add "$who,${key}_cpu" \
         "$(awk -v t="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
@@ -244,13 +273,18 @@ bulk() {
 # The bulk file is read once first so no contender pays for the upstream's cold page cache.
 curl -s -o /dev/null --resolve "upstream.test:80:198.18.0.2" http://upstream.test/bulk
 for round in $(seq "$rounds"); do
-    for k in 0 1 2 3; do
-        # Rotated each round and reversed every other round: 8 orders, so no contender always
+    for k in 0 1 2 3 4; do
+        # Rotated each round and reversed every other round: 10 orders, so no contender always
         # follows the same one and round 5 does not repeat round 1.
         step=$k
-        [ $((round % 2)) = 1 ] || step=$((3 - k))
-        who=${order[$(((round - 1 + step) % 4))]}
+        [ $((round % 2)) = 1 ] || step=$((4 - k))
+        who=${order[$(((round - 1 + step) % 5))]}
         ip=${target[$who]}
+        if [ "$who" = socat ]; then
+            bulk socat "$ip" http bulk
+            bulk socat "$ip" https bulk_tls
+            continue
+        fi
         add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
         mapfile -t proxy_pids < <(proxy_pids_of "$who")
         new_conns "$who" "$ip" https https_new
@@ -325,8 +359,8 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($router, $(sha256sum "$router" | cut -c1-12));"
     echo "load average before the run: $load_before."
     echo
-    echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | router/nginx | router default/nginx | router/direct |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | socat (bulk only) | router/nginx | router default/nginx | router/direct | socat/direct |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
@@ -346,7 +380,8 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             http_new_busy) label="cores busy during the new HTTP connections run (of $(nproc))" ;;
         esac
         r=${result[router,$m]:--} t=${result[router_mt,$m]:--} n=${result[nginx,$m]:--} d=${result[direct,$m]:--}
-        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "direct,$m") | $(ratio "$r" "$n") | $(ratio "$t" "$n") | $(ratio "$r" "$d") |"
+        o=${result[socat,$m]:--}
+        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "direct,$m") | $(cell "socat,$m") | $(ratio "$r" "$n") | $(ratio "$t" "$n") | $(ratio "$r" "$d") | $(ratio "$o" "$d") |"
     done
     echo
     echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \
@@ -354,11 +389,12 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$work/wrk.all")."
     echo
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
-    echo "order, every other round reversed. Samples (router / router default threads / nginx / direct):"
+    echo "order, every other round reversed. Samples (router / router default threads / nginx / direct / socat):"
     echo
     for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
-        echo "- $m: ${r% } / ${t% } / ${n% } / ${d% }"
+        o=${samples[socat,$m]:--}
+        echo "- $m: ${r% } / ${t% } / ${n% } / ${d% } / ${o% }"
     done
     echo
     echo "| RSS (KiB) | router | nginx + dnsmasq | router / (nginx + dnsmasq) |"

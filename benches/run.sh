@@ -6,7 +6,8 @@
 #   benches/dns.sh        router DNS vs dnsmasq (queries/s, lost queries, RSS)
 #   benches/proxy.sh      router vs nginx vs direct (HTTPS/HTTP rates, bulk over HTTP and HTTPS, the
 #                         proxy's CPU and its kernel share per new connection and per GiB, the whole
-#                         machine's CPU per new connection, RSS idle and with 1,000 conns)
+#                         machine's CPU per new connection, RSS idle and with 1,000 conns); socat as a
+#                         plain relay in the bulk rows
 #   benches/reload.sh     reload every second under 10k DNS q/s and 100 new TLS connections/s (30 s)
 #   benches/rss.sh        router RSS with 10,000 idle connections from 100 client addresses
 #   forwarder bench       forwarder vs socat (connections/s, bulk)
