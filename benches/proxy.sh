@@ -352,7 +352,7 @@ busy_router=$(measure_hold 127.0.1.1 "$router_pid")
 # shellcheck disable=SC2046
 busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 {
     echo "Machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r);"
