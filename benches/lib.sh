@@ -9,7 +9,8 @@
 # shellcheck disable=SC2154 # the caller's variables
 bench_cleanup() {
     local p f
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Children first (socat's relay children), by parent pid: only what these processes started.
+    for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
     for f in "$work"/nginx-*.pid; do
         if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
     done

@@ -68,13 +68,16 @@ pids+=($!)
 
 # --- the contenders ------------------------------------------------------------------------------
 printf 'upstream.test\n' >"$work/allowed-hosts"
-"$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
+# Each router runs in a session of its own (setsid), as nginx does once it daemonizes: with the kernel's
+# autogroup scheduling a session is a scheduling group, and a router left in this script's session would
+# share one with wrk's busy threads while nginx has its own. (Not shown to change the figures: BENCHMARKS.md.)
+setsid "$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
     --http 127.0.1.1:80 --https 127.0.1.1:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
     --threads 1 2>"$work/router.log" &
 pids+=($!)
 router_pid=$!
 # The same router with its default worker count (one per core), to pick the default by measurement.
-"$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.2 --dns 127.0.1.2:5301 \
+setsid "$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.2 --dns 127.0.1.2:5301 \
     --http 127.0.1.2:80 --https 127.0.1.2:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
     2>"$work/router2.log" &
 pids+=($!)
@@ -133,10 +136,11 @@ http {
 }
 EOF
 nginx -c "$work/nginx-px.conf" -e "$work/nginx-px.err"
-# socat, for the bulk rows only: a plain relay to one fixed address (no name routing, no parsing), what
-# the design the router replaces used, so what relaying a stream costs on this machine with nothing else
-# done. A child per connection, one buffer of 1 MiB: its fastest of 8 KiB (its default), 128 KiB and
-# 1 MiB here (1 GiB over HTTP, 2 runs each: 0.3-0.6, 0.9-1.1 and 1.5-1.6 GB/s).
+# socat, for the bulk rows only: a plain relay to one fixed address (no name routing, no parsing; the
+# design the router replaces used it as the in-sandbox forwarder), so what relaying a stream costs on this
+# machine with nothing else done. A child per connection, one buffer of 1 MiB: its fastest of 8 KiB (its
+# default), 128 KiB and 1 MiB here (1 GiB over HTTP, 2 runs each: 0.3-0.6, 0.9-1.1 and 1.5-1.6 GB/s).
+# Unlike the others' bulk runs, socat's do not follow 15 s of wrk load in the same slot of the round.
 for port in 80 443; do
     socat -b 1048576 "TCP-LISTEN:$port,bind=127.0.4.1,reuseaddr,fork,backlog=64" "TCP:198.18.0.7:$port" &
     pids+=($!)
@@ -155,6 +159,9 @@ for _ in $(seq 100); do
 done
 ready 127.0.1.1 || { echo "router not ready:"; cat "$work/router.log"; exit 1; } >&2
 ready 127.0.1.2 || { echo "router (default threads) not ready:"; cat "$work/router2.log"; exit 1; } >&2
+ready 127.0.2.1 || { echo "nginx not ready:"; cat "$work/nginx-px.err"; exit 1; } >&2
+ready 198.18.0.2 || { echo "the upstream (direct) not ready:"; cat "$work/nginx-up.err"; exit 1; } >&2
+ready 127.0.4.1 || { echo "socat not ready"; exit 1; } >&2
 
 declare -A target=([router]=127.0.1.1 [router_mt]=127.0.1.2 [nginx]=127.0.2.1 [direct]=198.18.0.2 [socat]=127.0.4.1)
 
@@ -207,6 +214,8 @@ socat_ticks() {
         [ "$left" = 0 ] && break
         sleep 0.05
     done
+    # A child still there after 5 s would put its CPU into a later sample: say so.
+    [ "$left" = 0 ] || echo "socat: a relay child outlived its connection by 5 s; its CPU lands in a later sample" >&2
     for p in "${socat_pids[@]}"; do
         total=$((total + $(awk '{print $14 + $15 + $16 + $17}' "/proc/$p/stat")))
     done
@@ -221,8 +230,7 @@ cpu_per_conn() { # ticks_before ticks_after rate
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }'
 }
 
-# Each measure runs ROUNDS times (default 5), the contenders in a rotating (and every other round
-# reversed) order, and the median with its spread (lowest and highest sample) is reported: one
+# Each measure runs ROUNDS times (default 5), the contenders in a rotating order, and the median with its spread (lowest and highest sample) is reported: one
 # contender never always goes first (cold caches) or
 # last (a warm machine), a noisy second on the shared cores moves one sample, not the result, and a
 # difference smaller than the spread is visibly noise.
@@ -274,11 +282,8 @@ bulk() {
 curl -s -o /dev/null --resolve "upstream.test:80:198.18.0.2" http://upstream.test/bulk
 for round in $(seq "$rounds"); do
     for k in 0 1 2 3 4; do
-        # Rotated each round and reversed every other round: 10 orders, so no contender always
-        # follows the same one and round 5 does not repeat round 1.
-        step=$k
-        [ $((round % 2)) = 1 ] || step=$((4 - k))
-        who=${order[$(((round - 1 + step) % 5))]}
+        # Rotated each round: over 5 rounds each contender runs once in each of the 5 places.
+        who=${order[$(((round - 1 + k) % 5))]}
         ip=${target[$who]}
         if [ "$who" = socat ]; then
             bulk socat "$ip" http bulk
@@ -389,7 +394,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$work/wrk.all")."
     echo
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
-    echo "order, every other round reversed. Samples (router / router default threads / nginx / direct / socat):"
+    echo "order. Samples (router / router default threads / nginx / direct / socat):"
     echo
     for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
