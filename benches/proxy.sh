@@ -177,20 +177,19 @@ wrk_at() { # ip url [wrk args...]
 # Requests/s from wrk's output; the whole output is kept, so errors it reports are summed in the report.
 rps() { tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
 
-cpu_ticks() { # sum utime + stime (clock ticks) of the given pids
-    local total=0 p
+# stat_ticks "FIELD..." PID...: the sum over the given pids of the given /proc/PID/stat fields, in clock
+# ticks (14 utime, 15 stime, 16 cutime, 17 cstime); a pid gone counts 0.
+stat_ticks() {
+    local fields=$1 total=0 p
+    shift
     for p in "$@"; do
-        total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+        total=$((total + $(awk -v f="$fields" '{n = split(f, a, " "); t = 0; for (i = 1; i <= n; i++) t += $a[i]; print t}' \
+            "/proc/$p/stat" 2>/dev/null || echo 0)))
     done
     echo "$total"
 }
-sys_ticks() { # sum stime (clock ticks) of the given pids: the kernel's share of cpu_ticks
-    local total=0 p
-    for p in "$@"; do
-        total=$((total + $(awk '{print $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
-    done
-    echo "$total"
-}
+cpu_ticks() { stat_ticks "14 15" "$@"; } # user + system
+sys_ticks() { stat_ticks "15" "$@"; }    # system: the kernel's share of cpu_ticks
 # Every process's CPU on the machine (user, nice, system, irq, softirq; not idle, iowait or steal), in
 # clock ticks: what one new connection costs the whole chain (load generator, proxy, upstream, kernel).
 machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
@@ -207,7 +206,7 @@ pids_rss() { # sum VmRSS (KiB) of the given pids
 # socat_ticks: the socat listeners' CPU with their finished children's (utime + stime + cutime + cstime),
 # once no child is left: a child's time is added to its parent's when the parent reaps it.
 socat_ticks() {
-    local p total=0 left
+    local p left
     for _ in $(seq 100); do
         left=0
         for p in "${socat_pids[@]}"; do pgrep -P "$p" >/dev/null && left=1; done
@@ -216,10 +215,7 @@ socat_ticks() {
     done
     # A child still there after 5 s would put its CPU into a later sample: say so.
     [ "$left" = 0 ] || echo "socat: a relay child outlived its connection by 5 s; its CPU lands in a later sample" >&2
-    for p in "${socat_pids[@]}"; do
-        total=$((total + $(awk '{print $14 + $15 + $16 + $17}' "/proc/$p/stat")))
-    done
-    echo "$total"
+    stat_ticks "14 15 16 17" "${socat_pids[@]}"
 }
 nginx_pids() { pgrep -f "nginx.*$work/nginx-px.conf" ; pgrep -P "$(cat "$work/nginx-px.pid")"; }
 
@@ -230,8 +226,8 @@ cpu_per_conn() { # ticks_before ticks_after rate
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }'
 }
 
-# Each measure runs ROUNDS times (default 5), the contenders in a rotating order, and the median with its spread (lowest and highest sample) is reported: one
-# contender never always goes first (cold caches) or
+# Each measure runs ROUNDS times (default 5), the contenders in a rotating order, and the median with its
+# spread (lowest and highest sample) is reported: one contender never always goes first (cold caches) or
 # last (a warm machine), a noisy second on the shared cores moves one sample, not the result, and a
 # difference smaller than the spread is visibly noise.
 rounds=${ROUNDS:-5}

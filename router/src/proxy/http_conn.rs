@@ -20,7 +20,7 @@ use tracing::warn;
 use super::conn_log::ConnLog;
 use super::http::{self, BodyFramer, HeadError, HeadReader, RequestHead, Status};
 use super::refusal::{self, refuse_http, send_and_close, Refusals};
-use super::relay::{self, read_first, read_some, shutdown_write, write_all, write_first};
+use super::relay::{self, read_maybe_first, read_some, shutdown_write, write_all, write_first};
 use super::{show, Proxy, PEEK_READ};
 use crate::metrics::{CloseReason, RefusalReason};
 
@@ -181,13 +181,7 @@ impl HttpConn<'_> {
                 }
                 deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.peek_timeout);
             }
-            let read = async {
-                if std::mem::take(&mut first) {
-                    read_first(self.client, buf, PEEK_READ).await
-                } else {
-                    read_some(self.client, buf, PEEK_READ).await
-                }
-            };
+            let read = read_maybe_first(self.client, buf, PEEK_READ, std::mem::take(&mut first));
             let n = match deadline {
                 Some(d) => match tokio::time::timeout_at(d, read).await {
                     Ok(r) => r,

@@ -297,6 +297,20 @@ pub(crate) async fn read_first(
     }
 }
 
+/// [`read_first`] if `first` (a side's first read), otherwise [`read_some`].
+pub(crate) async fn read_maybe_first(
+    src: &TcpStream,
+    buf: &mut Vec<u8>,
+    max: usize,
+    first: bool,
+) -> io::Result<usize> {
+    if first {
+        read_first(src, buf, max).await
+    } else {
+        read_some(src, buf, max).await
+    }
+}
+
 /// Writes all of `data` to a side that has not been written to yet: the first attempt goes out at once
 /// with send(2), without waiting for the runtime to report the fresh socket writable (see
 /// [`read_first`]); whatever the socket does not take goes through [`write_all`].

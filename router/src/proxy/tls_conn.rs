@@ -25,7 +25,7 @@ use tracing::debug;
 
 use super::conn_log::ConnLog;
 use super::refusal::{self, refuse_tls};
-use super::relay::{self, read_first, read_some, shutdown_write, write_all, write_first};
+use super::relay::{self, read_maybe_first, read_some, shutdown_write, write_all, write_first};
 use super::retry::{SecondHello, ServerFirst, ServerHelloWatch};
 use super::tls::{AlertDescription, HelloReader};
 use super::{show, Proxy, PEEK_READ};
@@ -197,13 +197,7 @@ impl Proxy {
         let mut first = true;
         loop {
             buf.clear();
-            let read = async {
-                if std::mem::take(&mut first) {
-                    read_first(client, &mut buf, PEEK_READ).await
-                } else {
-                    read_some(client, &mut buf, PEEK_READ).await
-                }
-            };
+            let read = read_maybe_first(client, &mut buf, PEEK_READ, std::mem::take(&mut first));
             match tokio::time::timeout_at(deadline, read).await {
                 Err(_) => {
                     log.client_failed("", "peek timeout", Some(CloseReason::ClientTimeout));
