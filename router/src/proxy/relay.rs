@@ -275,25 +275,18 @@ pub(crate) async fn read_first(
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
     let len = spare.len().min(max);
-    // SAFETY: recv writes at most `len` bytes into the vector's spare capacity.
-    let n = unsafe {
-        libc::recv(
-            src.as_raw_fd(),
-            spare.as_mut_ptr().cast(),
-            len,
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n >= 0 {
-        let n = n as usize;
-        // SAFETY: recv initialised `n` (<= len) bytes after the vector's length.
-        unsafe { buf.set_len(buf.len() + n) };
-        return Ok(n);
-    }
-    let e = io::Error::last_os_error();
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => read_some(src, buf, max).await,
-        _ => Err(e),
+    match socket2::SockRef::from(src).recv_with_flags(&mut spare[..len], libc::MSG_DONTWAIT) {
+        Ok(n) => {
+            // SAFETY: recv initialised the first `n` (<= len) bytes after the vector's length.
+            unsafe { buf.set_len(buf.len() + n) };
+            Ok(n)
+        }
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            read_some(src, buf, max).await
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -315,23 +308,16 @@ pub(crate) async fn read_maybe_first(
 /// with send(2), without waiting for the runtime to report the fresh socket writable (see
 /// [`read_first`]); whatever the socket does not take goes through [`write_all`].
 pub(crate) async fn write_first(dst: &TcpStream, data: &[u8]) -> io::Result<()> {
-    // SAFETY: send reads at most `data.len()` bytes from `data`.
-    let n = unsafe {
-        libc::send(
-            dst.as_raw_fd(),
-            data.as_ptr().cast(),
-            data.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
-    let sent = if n >= 0 {
-        n as usize
-    } else {
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => 0,
-            _ => return Err(e),
+    let sent = match socket2::SockRef::from(dst)
+        .send_with_flags(data, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    {
+        Ok(n) => n,
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            0
         }
+        Err(e) => return Err(e),
     };
     write_all(dst, &data[sent..]).await
 }

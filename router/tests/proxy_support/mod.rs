@@ -39,6 +39,45 @@ macro_rules! require_netns {
 /// every other scenario of the binary shares it.
 static PROCESS: RwLock<()> = RwLock::const_new(());
 
+/// How long a started scenario may live. The slowest scenario takes a few seconds; a scenario still
+/// alive after this is hung (a relay waiting for ever, say), and libtest has no per-test timeout, so
+/// its watchdog ends the test binary with a message naming it instead of letting CI wait out its limit.
+const HUNG_AFTER: Duration = Duration::from_secs(300);
+
+/// Ends the test binary if its scenario is still alive after [`HUNG_AFTER`]; dropping it (the end of
+/// the scenario) stops it at once.
+#[derive(Debug)]
+struct Watchdog {
+    /// Dropped with the scenario: wakes the watchdog's thread, which then exits.
+    _alive: std::sync::mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    /// Watches the scenario with this domain and namespace.
+    fn start(domain: &str, netns: &str) -> Watchdog {
+        let (alive, dead) = std::sync::mpsc::channel::<()>();
+        let (domain, netns) = (domain.to_owned(), netns.to_owned());
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = dead.recv_timeout(HUNG_AFTER) {
+                // Straight to the descriptor: libtest captures eprintln! (this thread inherited the
+                // test's capture) and an aborted test's capture is never shown.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "HUNG: the scenario {domain} is still running after {} s; ending this test \
+                     binary (libtest has no per-test timeout). Its namespace {netns} is removed \
+                     now; the next run sweeps any other this binary left.",
+                    HUNG_AFTER.as_secs()
+                );
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", &netns])
+                    .output();
+                std::process::abort();
+            }
+        });
+        Watchdog { _alive: alive }
+    }
+}
+
 /// A fresh test-unique label.
 pub fn uniq(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -243,6 +282,7 @@ impl Scenario {
                 Upstream::Echo(port) => upstreams.echo = Some(echo_upstream(ns.bind(*port))),
             }
         }
+        let watchdog = Watchdog::start(&domain, &ns.name);
         World {
             mark,
             hosts: hosts
@@ -260,6 +300,7 @@ impl Scenario {
             dns,
             pki,
             upstreams,
+            _watchdog: watchdog,
             _guard: guard,
         }
     }
@@ -315,6 +356,8 @@ pub struct World {
     pub forwards: Vec<(String, u16)>,
     /// The upstreams' accept counters.
     upstreams: Upstreams,
+    /// Ends the test binary if the scenario hangs.
+    _watchdog: Watchdog,
     /// Held to the end of the test.
     _guard: Guard,
 }
