@@ -263,14 +263,22 @@ new_conns() {
     add "$who,${key}_sys" "$(cpu_per_conn "$s0" "$s1" "$rate")"
 }
 bulk_ticks() { if [ "$1" = socat ]; then socat_ticks; else cpu_ticks "${proxy_pids[@]}"; fi; }
-# bulk WHO IP SCHEME KEY: the 1 GiB file once; records MiB/s and the proxy's CPU for it in ms.
+# bulk WHO IP SCHEME KEY: the 1 GiB file once; records MiB/s, the proxy's CPU for it in ms, and the whole
+# machine's CPU for it in ms with the cores it kept busy: what the transfer cost every process together
+# (curl, the upstream, the proxy, the kernel's network processing wherever it ran), direct included.
 bulk() {
-    local who=$1 ip=$2 scheme=$3 key=$4 c0 c1 bps
+    local who=$1 ip=$2 scheme=$3 key=$4 c0 c1 m0 m1 out bps secs_total
     c0=$(bulk_ticks "$who")
-    bps=$(curl -sk -o /dev/null --resolve "upstream.test:80:$ip" --resolve "upstream.test:443:$ip" \
-        -w '%{speed_download}' "$scheme://upstream.test/bulk")
+    m0=$(machine_ticks)
+    out=$(curl -sk -o /dev/null --resolve "upstream.test:80:$ip" --resolve "upstream.test:443:$ip" \
+        -w '%{speed_download} %{time_total}' "$scheme://upstream.test/bulk")
+    m1=$(machine_ticks)
     c1=$(bulk_ticks "$who")
+    read -r bps secs_total <<<"$out"
     add "$who,$key" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
+    add "$who,${key}_machine" \
+        "$(awk -v t="$((m1 - m0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
+    add "$who,${key}_busy" "$(busy_cores "$m0" "$m1" "$secs_total")"
     [ "$who" = direct ] || add "$who,${key}_cpu" \
         "$(awk -v t="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
 }
@@ -362,7 +370,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo
     echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | socat (bulk only) | router/nginx | router default/nginx | router/direct | socat/direct |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
+    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy bulk_machine bulk_busy bulk_tls_machine bulk_tls_busy; do
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
             https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
@@ -379,6 +387,10 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             http_new_machine) label="whole machine's CPU per new HTTP connection, µs" ;;
             https_new_busy) label="cores busy during the new HTTPS connections run (of $(nproc))" ;;
             http_new_busy) label="cores busy during the new HTTP connections run (of $(nproc))" ;;
+            bulk_machine) label="whole machine's CPU per GiB over HTTP, ms" ;;
+            bulk_busy) label="cores busy during the bulk transfer over HTTP (of $(nproc))" ;;
+            bulk_tls_machine) label="whole machine's CPU per GiB over HTTPS, ms" ;;
+            bulk_tls_busy) label="cores busy during the bulk transfer over HTTPS (of $(nproc))" ;;
         esac
         r=${result[router,$m]:--} t=${result[router_mt,$m]:--} n=${result[nginx,$m]:--} d=${result[direct,$m]:--}
         o=${result[socat,$m]:--}
@@ -392,7 +404,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
     echo "order. Samples (router / router default threads / nginx / direct / socat):"
     echo
-    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy; do
+    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy bulk_machine bulk_busy bulk_tls_machine bulk_tls_busy; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
         o=${samples[socat,$m]:--}
         echo "- $m: ${r% } / ${t% } / ${n% } / ${d% } / ${o% }"
