@@ -44,8 +44,19 @@ static PROCESS: RwLock<()> = RwLock::const_new(());
 /// its watchdog ends the test binary with a message naming it instead of letting CI wait out its limit.
 const HUNG_AFTER: Duration = Duration::from_secs(300);
 
-/// Ends the test binary if its scenario is still alive after [`HUNG_AFTER`]; dropping it (the end of
-/// the scenario) stops it at once.
+/// Overrides [`HUNG_AFTER`] (whole seconds), for the test of the watchdog itself.
+pub const HUNG_AFTER_ENV: &str = "AGENT_SANDBOX_TEST_SCENARIO_DEADLINE_SECS";
+
+/// [`HUNG_AFTER`], or the override.
+fn hung_after() -> Duration {
+    std::env::var(HUNG_AFTER_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(HUNG_AFTER, Duration::from_secs)
+}
+
+/// Ends the test binary if its scenario is still alive after [`HUNG_AFTER`] (the test
+/// `scenario_watchdog.rs` checks it does); dropping it (the end of the scenario) stops it at once.
 #[derive(Debug)]
 struct Watchdog {
     /// Dropped with the scenario: wakes the watchdog's thread, which then exits.
@@ -57,8 +68,9 @@ impl Watchdog {
     fn start(domain: &str, netns: &str) -> Watchdog {
         let (alive, dead) = std::sync::mpsc::channel::<()>();
         let (domain, netns) = (domain.to_owned(), netns.to_owned());
+        let deadline = hung_after();
         std::thread::spawn(move || {
-            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = dead.recv_timeout(HUNG_AFTER) {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = dead.recv_timeout(deadline) {
                 // Straight to the descriptor: libtest captures eprintln! (this thread inherited the
                 // test's capture) and an aborted test's capture is never shown.
                 let _ = writeln!(
@@ -66,7 +78,7 @@ impl Watchdog {
                     "HUNG: the scenario {domain} is still running after {} s; ending this test \
                      binary (libtest has no per-test timeout). Its namespace {netns} is removed \
                      now; the next run sweeps any other this binary left.",
-                    HUNG_AFTER.as_secs()
+                    deadline.as_secs()
                 );
                 let _ = std::process::Command::new("ip")
                     .args(["netns", "del", &netns])
