@@ -226,10 +226,11 @@ cpu_per_conn() { # ticks_before ticks_after rate
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }'
 }
 
-# Each measure runs ROUNDS times (default 5), the contenders in a rotating order, and the median with its
-# spread (lowest and highest sample) is reported: one contender never always goes first (cold caches) or
-# last (a warm machine), a noisy second on the shared cores moves one sample, not the result, and a
-# difference smaller than the spread is visibly noise.
+# Each measure runs ROUNDS times (default 5; keep it a multiple of 5, so each contender runs equally often
+# in each place), the contenders in a rotating order, and the median with its spread (lowest and highest
+# sample) is reported: one contender never always goes first (cold caches) or last (a warm machine), a
+# noisy second on the shared cores moves one sample, not the result, and a difference smaller than the
+# spread is visibly noise.
 rounds=${ROUNDS:-5}
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : >"$work/wrk.all"
@@ -267,18 +268,20 @@ bulk_ticks() { if [ "$1" = socat ]; then socat_ticks; else cpu_ticks "${proxy_pi
 # machine's CPU for it in ms with the cores it kept busy: what the transfer cost every process together
 # (curl, the upstream, the proxy, the kernel's network processing wherever it ran), direct included.
 bulk() {
-    local who=$1 ip=$2 scheme=$3 key=$4 c0 c1 m0 m1 out bps secs_total
+    local who=$1 ip=$2 scheme=$3 key=$4 c0 c1 m0 m1 t0 t1 bps
     c0=$(bulk_ticks "$who")
+    t0=$(date +%s%N)
     m0=$(machine_ticks)
-    out=$(curl -sk -o /dev/null --resolve "upstream.test:80:$ip" --resolve "upstream.test:443:$ip" \
-        -w '%{speed_download} %{time_total}' "$scheme://upstream.test/bulk")
+    bps=$(curl -sk -o /dev/null --resolve "upstream.test:80:$ip" --resolve "upstream.test:443:$ip" \
+        -w '%{speed_download}' "$scheme://upstream.test/bulk")
     m1=$(machine_ticks)
+    t1=$(date +%s%N)
     c1=$(bulk_ticks "$who")
-    read -r bps secs_total <<<"$out"
     add "$who,$key" "$(awk -v b="$bps" 'BEGIN {printf "%.0f", b / 1048576}')"
     add "$who,${key}_machine" \
         "$(awk -v t="$((m1 - m0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
-    add "$who,${key}_busy" "$(busy_cores "$m0" "$m1" "$secs_total")"
+    # Over the same window as the machine's ticks (curl's start and exit included).
+    add "$who,${key}_busy" "$(busy_cores "$m0" "$m1" "$(awk -v n="$((t1 - t0))" 'BEGIN {print n / 1e9}')")"
     [ "$who" = direct ] || add "$who,${key}_cpu" \
         "$(awk -v t="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", t / hz * 1000}')"
 }
@@ -312,6 +315,10 @@ for round in $(seq "$rounds"); do
         bulk "$who" "$ip" https bulk_tls
     done
 done
+# Every measure, in the report's order (the table and the samples list both walk it).
+measures=(https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys
+    bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy bulk_machine bulk_busy
+    bulk_tls_machine bulk_tls_busy)
 declare -A result spread
 for key in "${!samples[@]}"; do
     # shellcheck disable=SC2086 # one sample per word
@@ -370,7 +377,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo
     echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | socat (bulk only) | router/nginx | router default/nginx | router/direct | socat/direct |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy bulk_machine bulk_busy bulk_tls_machine bulk_tls_busy; do
+    for m in "${measures[@]}"; do
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
             https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
@@ -404,7 +411,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
     echo "order. Samples (router / router default threads / nginx / direct / socat):"
     echo
-    for m in https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy bulk_machine bulk_busy bulk_tls_machine bulk_tls_busy; do
+    for m in "${measures[@]}"; do
         r=${samples[router,$m]:-} t=${samples[router_mt,$m]:-} n=${samples[nginx,$m]:-} d=${samples[direct,$m]:--}
         o=${samples[socat,$m]:--}
         echo "- $m: ${r% } / ${t% } / ${n% } / ${d% } / ${o% }"

@@ -71,18 +71,29 @@ impl Watchdog {
         let deadline = hung_after();
         std::thread::spawn(move || {
             if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = dead.recv_timeout(deadline) {
+                let removed = match std::process::Command::new("ip")
+                    .args(["netns", "del", &netns])
+                    .output()
+                {
+                    Ok(o) if o.status.success() => format!("Its namespace {netns} is removed"),
+                    Ok(o) => format!(
+                        "Its namespace {netns} could not be removed ({}): `ip netns del {netns}`",
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    ),
+                    Err(e) => format!(
+                        "Its namespace {netns} could not be removed ({e}): `ip netns del {netns}`"
+                    ),
+                };
                 // Straight to the descriptor: libtest captures eprintln! (this thread inherited the
-                // test's capture) and an aborted test's capture is never shown.
+                // test's capture) and an aborted test's capture is never shown. Processes the test
+                // started (a router binary, say) are not stopped.
                 let _ = writeln!(
                     std::io::stderr(),
                     "HUNG: the scenario {domain} is still running after {} s; ending this test \
-                     binary (libtest has no per-test timeout). Its namespace {netns} is removed \
-                     now; the next run sweeps any other this binary left.",
+                     binary (libtest has no per-test timeout). {removed}; the next run sweeps any \
+                     other namespace this binary left.",
                     deadline.as_secs()
                 );
-                let _ = std::process::Command::new("ip")
-                    .args(["netns", "del", &netns])
-                    .output();
                 std::process::abort();
             }
         });
