@@ -233,6 +233,10 @@ cpu_per_conn() { # ticks_before ticks_after rate
 # spread is visibly noise.
 rounds=${ROUNDS:-5}
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+# Netfilter's connection tracking, if a firewall table in this namespace uses it (podman's netavark loads
+# one), adds its cost to every new connection here, direct and relayed: the report says whether it ran.
+conntrack_count() { cat /proc/sys/net/netfilter/nf_conntrack_count 2>/dev/null || echo -; }
+conntrack_before=$(conntrack_count)
 : >"$work/wrk.all"
 order=(router router_mt nginx direct socat)
 median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -327,6 +331,7 @@ for key in "${!samples[@]}"; do
     spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
 done
 
+conntrack_after=$(conntrack_count)
 # RSS idle (after the load, sockets closed) and with 1,000 open TLS connections.
 idle_router=$(pids_rss "$router_pid")
 # shellcheck disable=SC2046
@@ -374,6 +379,14 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     echo "Machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r);"
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($router, $(sha256sum "$router" | cut -c1-12));"
     echo "load average before the run: $load_before."
+    # Entries expire (TIME_WAIT's after 120 s), so only growth says it tracked this run's connections.
+    if [ "$conntrack_before" = - ] || [ "$conntrack_after" = - ]; then
+        echo "Netfilter connection tracking: not loaded."
+    elif [ "$conntrack_after" -gt $((conntrack_before + 1000)) ]; then
+        echo "Netfilter connection tracking: active (entries $conntrack_before before the rounds, $conntrack_after after): every connection of the run was tracked."
+    else
+        echo "Netfilter connection tracking: loaded, not seen tracking this run (entries $conntrack_before before the rounds, $conntrack_after after)."
+    fi
     echo
     echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | socat (bulk only) | router/nginx | router default/nginx | router/direct | socat/direct |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
