@@ -54,11 +54,12 @@ test: ## everything the project tests
 	$(MAKE) --no-print-directory setup-lists-test
 	$(MAKE) --no-print-directory quickstart-test
 
-lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented
+lint: ## rustfmt --check, clippy -D warnings, shellcheck, Containerfile build arguments documented, benchmark record kept
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	shellcheck .ci/run $$(git ls-files '*.sh')
 	tests/check-containerfile-args.sh
+	tests/check-merge-report.sh
 
 fmt: ## format the code
 	$(CARGO) fmt --all

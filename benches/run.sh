@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: the whole benchmark suite in one run on this machine, written to BENCHMARKS.md.
+# `make bench`: the whole benchmark suite in one run on this machine, added to the top of BENCHMARKS.md
+# (benches/merge-report.sh keeps every earlier section below it).
 #
 # Installs what it needs from Debian (dnsperf, dnsmasq, nginx with the stream module, wrk, socat, curl,
 # hyperfine), builds the release binaries, then runs, one after another so they do not compete:
@@ -77,14 +78,13 @@ fi
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 {
-    echo "# Benchmarks"
+    echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): the full \`make bench\` run"
     echo
-    echo "Written by \`make bench\` (benches/run.sh) on $(date -u '+%Y-%m-%d %H:%M UTC'): $(nproc) cores ($cpu),"
-    echo "$(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr), $(awk -F= '/^PRETTY_NAME=/ {gsub(/"/, "", $2); print $2}' /etc/os-release)."
-    echo "Everything ran on this one machine in one run; the load generators share its cores with the"
-    echo "servers, so compare ratios within a table, not absolute figures across machines."
+    echo "$(nproc) cores ($cpu), $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr),"
+    echo "$(awk -F= '/^PRETTY_NAME=/ {gsub(/"/, "", $2); print $2}' /etc/os-release). Everything ran on this one machine in one"
+    echo "run, one bench after another."
     echo
-    echo "## DNS: router vs dnsmasq (dnsperf, ${secs} s each, half allowed names, half refused)"
+    echo "### DNS: router vs dnsmasq (dnsperf, ${secs} s each, half allowed names, half refused)"
     echo
     echo "The router with one worker (as in a session) and with its default (one per core, the gateway), and"
     echo "dnsmasq answering from \`--address\` (no cache, no upstream, no query log), in rotating order."
@@ -93,7 +93,7 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo
     cat "$results/dns.txt"
     echo
-    echo "## TLS and HTTP: router vs nginx vs direct"
+    echo "### TLS and HTTP: router vs nginx vs direct"
     echo
     echo "Upstream: nginx in a network namespace over a veth pair. nginx as the proxy: stream"
     echo "\`ssl_preread\` on 443 and Host-routing \`proxy_pass http://\$host\` on 80, both dialling the name the"
@@ -107,7 +107,7 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo
     cat "$results/proxy.md"
     echo
-    echo "## Reload under load (benches/reload.sh)"
+    echo "### Reload under load (benches/reload.sh)"
     echo
     echo "One router (gateway defaults: one worker per core) answers dnsperf at a fixed 10,000 queries/s"
     echo "(\`-Q 10000\`; allowed, wildcard, rotating and refused names) and takes 100 new TLS connections/s"
@@ -118,14 +118,14 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     echo
     cat "$results/reload.md"
     echo
-    echo "## RSS with 10,000 idle connections (benches/rss.sh)"
+    echo "### RSS with 10,000 idle connections (benches/rss.sh)"
     echo
     echo "The router in a network namespace, clients on 100 addresses (198.18.1.1-100) of another, over a"
     echo "veth pair; each client opens its share round-robin and then sends nothing more."
     echo
     cat "$results/rss.md"
     echo
-    echo "## Forwarder vs socat (\`socat TCP-LISTEN:…,fork,reuseaddr TCP:…\`)"
+    echo "### Forwarder vs socat (\`socat TCP-LISTEN:…,fork,reuseaddr TCP:…\`)"
     echo
     echo '```'
     # The measurements only (from the bench's own header on); the whole log if it never got that far.
@@ -136,10 +136,11 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
     fi
     echo '```'
     echo
-    echo "## Images and start-up"
+    echo "### Images and start-up"
     echo
     echo "- Router image ($image): $image_size"
     echo
     echo "$start"
-} >BENCHMARKS.md
-echo "wrote BENCHMARKS.md" >&2
+} >"$results/report.md"
+benches/merge-report.sh "$results/report.md" BENCHMARKS.md
+echo "wrote BENCHMARKS.md (this run on top, the earlier sections kept below)" >&2
