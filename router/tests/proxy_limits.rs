@@ -22,6 +22,49 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// The process's descriptors and what each refers to (`socket:[inode]`, `pipe:[inode]`, a path, ...), so
+/// that a leak check that fails can say what was left open, not only how many.
+fn fd_targets() -> std::collections::BTreeMap<u32, String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            Some((fd, target.display().to_string()))
+        })
+        .collect()
+}
+
+/// Descriptors in `now` that `before` did not have, as `fd -> target`, with each socket's TCP state and
+/// addresses where /proc/net/tcp(6) knows its inode.
+fn new_fds(
+    before: &std::collections::BTreeMap<u32, String>,
+    now: &std::collections::BTreeMap<u32, String>,
+) -> String {
+    let tcp: String = ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .collect();
+    now.iter()
+        .filter(|(fd, target)| before.get(fd) != Some(target))
+        .map(|(fd, target)| {
+            let inode = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'));
+            let socket = inode
+                .and_then(|i| tcp.lines().find(|l| l.split_whitespace().nth(9) == Some(i)))
+                .map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    format!(" (tcp local {} remote {} state {})", f[1], f[2], f[3])
+                })
+                .unwrap_or_default();
+            format!("{fd} -> {target}{socket}")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn set_soft_nofile(soft: u64) -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -133,6 +176,7 @@ async fn hundreds_of_concurrent_connections_and_no_leaks() {
     drop(t);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let baseline = open_fds();
+    let baseline_fds = fd_targets();
 
     let fwd = w.router.forward(&db, 5432);
     let mut set = tokio::task::JoinSet::new();
@@ -197,7 +241,8 @@ async fn hundreds_of_concurrent_connections_and_no_leaks() {
         }
         assert!(
             Instant::now() < deadline,
-            "descriptors: {now} now, {baseline} before"
+            "descriptors: {now} now, {baseline} before; new since the baseline: {}",
+            new_fds(&baseline_fds, &fd_targets())
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
