@@ -212,8 +212,26 @@ pub(crate) fn bind_tcp_many(
     Ok(out)
 }
 
+/// Connections the kernel completes and queues for a listener before the router accepts them. A burst
+/// beyond the queue overflows it, and the kernel then answers with SYN cookies. When the tests'
+/// listeners had a queue of 128, bursts overflowed it and brought SYN cookies, and some runs were left
+/// with an accepted connection that never sent a byte while its client was already in TIME_WAIT (most
+/// likely rebuilt from a late cookie). So the queue is deep. The kernel caps it at
+/// `net.core.somaxconn` (4096 by default).
+pub const LISTEN_BACKLOG: i32 = 1024;
+
+/// One TCP listener on `addr`, bound as the router binds its own (see [`bind_tcp`]), for a caller that
+/// serves a [`crate::proxy::Proxy`] itself, as the in-process tests do.
+///
+/// # Errors
+/// The socket cannot be made, set up, bound or put to listen.
+pub fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    bind_tcp(addr, false)
+}
+
 /// A non-blocking TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT), a deep
-/// backlog, and the options every accepted connection inherits (no Nagle delay, keepalive).
+/// backlog ([`LISTEN_BACKLOG`]), and the options every accepted connection inherits (no Nagle delay,
+/// keepalive).
 pub(crate) fn bind_tcp(
     addr: SocketAddr,
     reuse_port: bool,
@@ -227,7 +245,7 @@ pub(crate) fn bind_tcp(
     socket.set_nonblocking(true)?;
     proxy::upstream::tune(socket2::SockRef::from(&socket))?;
     socket.bind(&addr.into())?;
-    socket.listen(1024)?;
+    socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
 }
 
@@ -235,6 +253,41 @@ pub(crate) fn bind_tcp(
 mod tests {
     use super::*;
     use crate::proxy::upstream::{KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES, KEEPALIVE_TIME};
+
+    /// The queue of completed connections a listener holds, as the kernel reports it for a listening
+    /// socket (TCP_INFO's `tcpi_sacked`).
+    fn listen_queue_limit(listener: &std::net::TcpListener) -> u32 {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: a valid descriptor, a buffer of `len` bytes and its length.
+        let r = unsafe {
+            libc::getsockopt(
+                listener.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                std::ptr::addr_of_mut!(info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        info.tcpi_sacked
+    }
+
+    /// Every listener gets the deep queue, the one the in-process tests serve included (tokio's
+    /// `TcpListener::bind` gave 128 here, which a burst of 400 connections overflowed into SYN cookies).
+    #[test]
+    fn listeners_have_the_deep_backlog() {
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .map_or(4096, |s| s.trim().parse().unwrap_or(4096));
+        let want = (LISTEN_BACKLOG as u32).min(somaxconn);
+        let one = tcp_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(listen_queue_limit(&one), want);
+        for l in bind_tcp_many("127.0.0.1:0".parse().unwrap(), 2).unwrap() {
+            assert_eq!(listen_queue_limit(&l), want);
+        }
+    }
 
     /// Another process's SO_REUSEPORT group on the address (a second router, say) is not joined: the
     /// router refuses to start rather than split connections with it.

@@ -56,6 +56,16 @@ impl Default for Settings {
     }
 }
 
+/// A listener on a free loopback port, bound the way the router binds its own (backlog and inherited
+/// socket options). tokio's `TcpListener::bind` gave a queue of 128 here: the 400 connections of
+/// `hundreds_of_concurrent_connections_and_no_leaks` overflowed it into SYN cookies, and an accepted
+/// connection whose client was already in TIME_WAIT (most likely rebuilt from a late cookie) stayed
+/// open and failed the leak check.
+fn listener() -> TcpListener {
+    let std = agent_sandbox_router::tcp_listener(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    TcpListener::from_std(std).unwrap()
+}
+
 impl TestRouter {
     /// Validates the settings as a router configuration and serves it with `dns` as the resolver.
     pub async fn start(settings: Settings, dns: &TestDns) -> TestRouter {
@@ -83,8 +93,8 @@ impl TestRouter {
             .unwrap();
         let proxy = Arc::new(Proxy::new(&config).unwrap());
         let stop = CancellationToken::new();
-        let https = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let https = listener();
+        let http = listener();
         let mut router = TestRouter {
             https: https.local_addr().unwrap(),
             http: http.local_addr().unwrap(),
@@ -99,7 +109,7 @@ impl TestRouter {
             Arc::clone(&proxy).serve_http(http, stop.clone()),
         ));
         for (host, port) in &settings.forwards {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let l = listener();
             router
                 .forwards
                 .push((host.clone(), *port, l.local_addr().unwrap()));
