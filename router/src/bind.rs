@@ -213,12 +213,9 @@ pub(crate) fn bind_tcp_many(
 }
 
 /// Connections the kernel completes and queues for a listener before the router accepts them. A burst
-/// beyond the queue overflows it, and the kernel then answers with SYN cookies. When the tests'
-/// listeners had a queue of 128, bursts overflowed it and brought SYN cookies, and some runs were left
-/// with an accepted connection that never sent a byte while its client was already in TIME_WAIT (most
-/// likely rebuilt from a late cookie). So the queue is deep. The kernel caps it at
-/// `net.core.somaxconn` (4096 by default).
-pub const LISTEN_BACKLOG: i32 = 1024;
+/// beyond the queue overflows it into SYN cookies (see `TestRouter`'s listeners for what that did to the
+/// tests), so the queue is deep. The kernel caps it at `net.core.somaxconn` (4096 by default).
+pub(crate) const LISTEN_BACKLOG: i32 = 1024;
 
 /// One TCP listener on `addr`, bound as the router binds its own (see [`bind_tcp`]), for a caller that
 /// serves a [`crate::proxy::Proxy`] itself, as the in-process tests do.
