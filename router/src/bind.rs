@@ -125,7 +125,7 @@ pub fn bind_workers(config: &ValidConfig, workers: usize) -> anyhow::Result<Vec<
     }
     if let Some(addr) = listen.http {
         for (set, l) in sets.iter_mut().zip(
-            bind_tcp_many(addr, workers)
+            bind_tcp_many(addr, workers, Opening::Client)
                 .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
         ) {
             set.http = Some(l);
@@ -133,7 +133,7 @@ pub fn bind_workers(config: &ValidConfig, workers: usize) -> anyhow::Result<Vec<
     }
     if let Some(addr) = listen.https {
         for (set, l) in sets.iter_mut().zip(
-            bind_tcp_many(addr, workers)
+            bind_tcp_many(addr, workers, Opening::Client)
                 .with_context(|| format!("cannot listen for TLS on {addr}"))?,
         ) {
             set.https = Some(l);
@@ -157,7 +157,7 @@ pub(crate) fn bind_forward(
     addr: SocketAddr,
     workers: usize,
 ) -> anyhow::Result<Vec<std::net::TcpListener>> {
-    bind_tcp_many(addr, workers.max(1))
+    bind_tcp_many(addr, workers.max(1), Opening::Any)
         .with_context(|| format!("cannot listen for the entry {host}:{port} on {addr}"))
 }
 
@@ -182,7 +182,7 @@ pub(crate) fn bind_dns(
             .first()
             .and_then(|s| s.local_addr().ok())
             .unwrap_or(addr);
-        match bind_tcp(tcp_addr, false) {
+        match bind_tcp(tcp_addr, false, Opening::Any) {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(e) => last_error = Some((tcp_addr, e)),
         }
@@ -196,21 +196,42 @@ pub(crate) fn bind_dns(
 pub(crate) fn bind_tcp_many(
     addr: SocketAddr,
     count: usize,
+    opening: Opening,
 ) -> std::io::Result<Vec<std::net::TcpListener>> {
     let shared = count > 1;
     if shared && addr.port() != 0 {
         // Exclusively first: a listener already on the address (another router's SO_REUSEPORT group
         // included) makes this fail with EADDRINUSE instead of letting the group below join it.
-        drop(bind_tcp(addr, false)?);
+        drop(bind_tcp(addr, false, opening)?);
     }
-    let first = bind_tcp(addr, shared)?;
+    let first = bind_tcp(addr, shared, opening)?;
     let addr = first.local_addr()?;
     let mut out = vec![first];
     for _ in 1..count {
-        out.push(bind_tcp(addr, shared)?);
+        out.push(bind_tcp(addr, shared, opening)?);
     }
     Ok(out)
 }
+
+/// Who speaks first on a listener's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// Always the client (a TLS ClientHello, an HTTP request head): the kernel completes a new
+    /// connection's handshake but hands it to the router only once its first bytes have arrived
+    /// (TCP_DEFER_ACCEPT), so accepting it and reading its first bytes take one wake-up, not two. A
+    /// client that connects and sends nothing is handed over after [`DEFER_ACCEPT_SECS`]; the peek
+    /// timeout runs from then.
+    Client,
+    /// Not known (`host:port` entries carry any protocol, and some servers greet first): handed over
+    /// at once.
+    Any,
+}
+
+/// How long the kernel holds a silent connection on an [`Opening::Client`] listener before handing it
+/// over anyway: one SYN-ACK retransmission (the kernel counts this option in retransmissions, and the
+/// first comes after 1 s). Long enough for any client's first bytes, short enough that a silent one
+/// still meets the peek timeout about a second later than it would without.
+pub const DEFER_ACCEPT_SECS: u32 = 1;
 
 /// Connections the kernel completes and queues for a listener before the router accepts them. A burst
 /// beyond the queue overflows it into SYN cookies (see `TestRouter`'s listeners for what that did to the
@@ -218,20 +239,22 @@ pub(crate) fn bind_tcp_many(
 pub(crate) const LISTEN_BACKLOG: i32 = 1024;
 
 /// One TCP listener on `addr`, bound as the router binds its own (see [`bind_tcp`]), for a caller that
-/// serves a [`crate::proxy::Proxy`] itself, as the in-process tests do.
+/// serves a [`crate::proxy::Proxy`] itself, as the in-process tests do: [`Opening::Client`] for HTTP
+/// and TLS, [`Opening::Any`] for a `host:port` entry.
 ///
 /// # Errors
 /// The socket cannot be made, set up, bound or put to listen.
-pub fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    bind_tcp(addr, false)
+pub fn tcp_listener(addr: SocketAddr, opening: Opening) -> std::io::Result<std::net::TcpListener> {
+    bind_tcp(addr, false, opening)
 }
 
 /// A non-blocking TCP listener with SO_REUSEADDR (a restarted router must not wait out TIME_WAIT), a deep
-/// backlog ([`LISTEN_BACKLOG`]), and the options every accepted connection inherits (no Nagle delay,
-/// keepalive).
+/// backlog ([`LISTEN_BACKLOG`]), the options every accepted connection inherits (no Nagle delay,
+/// keepalive), and for [`Opening::Client`] the deferred accept.
 pub(crate) fn bind_tcp(
     addr: SocketAddr,
     reuse_port: bool,
+    opening: Opening,
 ) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -241,9 +264,35 @@ pub(crate) fn bind_tcp(
     }
     socket.set_nonblocking(true)?;
     proxy::upstream::tune(socket2::SockRef::from(&socket))?;
+    if opening == Opening::Client {
+        // Only an optimisation: where the kernel lacks it (a user-space network stack, say), the
+        // listener works the same and wakes once more per connection.
+        let _ = defer_accept(&socket, DEFER_ACCEPT_SECS);
+    }
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
+}
+
+/// TCP_DEFER_ACCEPT (socket2 has no call for it).
+fn defer_accept(socket: &socket2::Socket, secs: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let value = libc::c_int::try_from(secs).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a valid descriptor, a pointer to a c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 #[cfg(test)]
@@ -279,9 +328,9 @@ mod tests {
         let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
             .map_or(4096, |s| s.trim().parse().unwrap_or(4096));
         let want = (LISTEN_BACKLOG as u32).min(somaxconn);
-        let one = tcp_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+        let one = tcp_listener("127.0.0.1:0".parse().unwrap(), Opening::Any).unwrap();
         assert_eq!(listen_queue_limit(&one), want);
-        for l in bind_tcp_many("127.0.0.1:0".parse().unwrap(), 2).unwrap() {
+        for l in bind_tcp_many("127.0.0.1:0".parse().unwrap(), 2, Opening::Client).unwrap() {
             assert_eq!(listen_queue_limit(&l), want);
         }
     }
@@ -303,7 +352,7 @@ mod tests {
             (s, addr)
         };
         let (_tcp, addr) = held(Type::STREAM, Protocol::TCP);
-        let e = bind_tcp_many(addr, 2).unwrap_err();
+        let e = bind_tcp_many(addr, 2, Opening::Any).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
         let (_udp, addr) = held(Type::DGRAM, Protocol::UDP);
         let e = bind_dns(addr, 2).unwrap_err();
@@ -313,9 +362,10 @@ mod tests {
     /// The per-connection options are set once on the listener: accepted sockets must inherit them.
     #[tokio::test]
     async fn accepted_connections_inherit_the_listener_options() {
-        let listener =
-            TcpListener::from_std(bind_tcp("127.0.0.1:0".parse().unwrap(), false).unwrap())
-                .unwrap();
+        let listener = TcpListener::from_std(
+            bind_tcp("127.0.0.1:0".parse().unwrap(), false, Opening::Any).unwrap(),
+        )
+        .unwrap();
         let addr = listener.local_addr().unwrap();
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
@@ -325,5 +375,63 @@ mod tests {
         assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_TIME);
         assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
         assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_RETRIES);
+    }
+
+    /// Whether `listener` has a connection to hand over within `wait` (poll(2), nothing accepted).
+    fn ready_within(listener: &std::net::TcpListener, wait: std::time::Duration) -> bool {
+        use std::os::fd::AsRawFd as _;
+        let mut fd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(wait.as_millis()).unwrap();
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut fd, 1, ms) };
+        assert!(n >= 0, "{}", std::io::Error::last_os_error());
+        n == 1
+    }
+
+    /// A client-first listener hands a connection over once its first bytes are in, and a silent one
+    /// only after about DEFER_ACCEPT_SECS; a listener for any protocol hands over at once.
+    #[test]
+    fn client_first_listeners_defer_the_accept_until_the_first_bytes() {
+        use std::io::Write as _;
+        use std::time::{Duration, Instant};
+        let any = tcp_listener("127.0.0.1:0".parse().unwrap(), Opening::Any).unwrap();
+        let _silent_any = std::net::TcpStream::connect(any.local_addr().unwrap()).unwrap();
+        assert!(
+            ready_within(&any, Duration::from_secs(5)),
+            "not handed over"
+        );
+
+        let client = tcp_listener("127.0.0.1:0".parse().unwrap(), Opening::Client).unwrap();
+        let addr = client.local_addr().unwrap();
+        let silent = std::net::TcpStream::connect(addr).unwrap();
+        let connected = Instant::now();
+        assert!(
+            !ready_within(&client, Duration::from_millis(300)),
+            "a silent connection was handed over at once"
+        );
+        let mut talker = std::net::TcpStream::connect(addr).unwrap();
+        talker.write_all(&[0x16]).unwrap();
+        assert!(
+            ready_within(&client, Duration::from_secs(5)),
+            "not handed over"
+        );
+        let (_, from) = client.accept().unwrap();
+        assert_eq!(from, talker.local_addr().unwrap(), "the talker comes first");
+        // The silent one after the deferral (the kernel counts it in SYN-ACK retransmissions).
+        assert!(
+            ready_within(&client, Duration::from_secs(10)),
+            "never handed over"
+        );
+        let waited = connected.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900),
+            "handed over after {waited:?}"
+        );
+        let (_, from) = client.accept().unwrap();
+        assert_eq!(from, silent.local_addr().unwrap());
     }
 }

@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 
 use agent_sandbox_shared::ValidConfig;
 
-pub use bind::{bind_workers, tcp_listener, Listeners, WorkerSockets};
+pub use bind::{bind_workers, tcp_listener, Listeners, Opening, WorkerSockets, DEFER_ACCEPT_SECS};
 /// A stand-in OAuth token store for the tests of the terminated token exchange.
 #[cfg(feature = "test-support")]
 pub use inject::oauth_hook::TestStore;

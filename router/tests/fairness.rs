@@ -158,8 +158,10 @@ fn a_client_at_its_cap_is_turned_away_and_another_is_served() {
     );
     assert!(took < Duration::from_secs(2), "503 took {took:?}");
 
-    // TLS: a fatal internal_error alert, then the close.
+    // TLS: a fatal internal_error alert, then the close. The client's first byte goes out at once, as
+    // a real client's ClientHello does: the listener defers the accept until a first byte is in.
     let mut tls = connect_from(local, https);
+    tls.write_all(&[0x16]).unwrap();
     let (alert, took) = read_all(&mut tls);
     assert_eq!(alert, [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 80], "alert");
     assert!(took < Duration::from_secs(2), "alert took {took:?}");

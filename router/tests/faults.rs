@@ -13,6 +13,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_router::proxy::tls::build;
+use agent_sandbox_router::DEFER_ACCEPT_SECS;
 use lab::{reset_on_close, Dns, DnsBehaviour, Lab, RouterProc, Upstream};
 
 /// The router's peek and connect timeouts in these tests.
@@ -458,10 +459,12 @@ fn client_resets_mid_hello() {
     f.settle("client resets mid-hello");
 }
 
+/// A client that connects and sends nothing is handed to the router only after the kernel's deferred
+/// accept gives up waiting for its first bytes (`DEFER_ACCEPT_SECS`); the peek timeout runs from then.
 #[test]
 fn client_sends_nothing() {
     let Some(f) = Fixture::new() else { return };
-    let bound = Duration::from_secs(TIMEOUT_SECS) + SLACK;
+    let bound = Duration::from_secs(TIMEOUT_SECS + u64::from(DEFER_ACCEPT_SECS)) + SLACK;
     let mut tls = f.lab.connect(f.router.https);
     let mut http = f.lab.connect(f.router.http);
     let (reply, took) = exchange(&mut tls, b"");

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use agent_sandbox_router::proxy::Proxy;
+use agent_sandbox_router::Opening;
 use agent_sandbox_shared::{HostName, RouterConfig};
 use agent_sandbox_testkit::dns::TestDns;
 use tokio::net::TcpListener;
@@ -57,12 +58,13 @@ impl Default for Settings {
 }
 
 /// A listener on a free loopback port, bound the way the router binds its own (backlog and inherited
-/// socket options). tokio's `TcpListener::bind` gave a queue of 128 here: the 400 connections of
+/// socket options, and the deferred accept for HTTP and TLS). tokio's `TcpListener::bind` gave a queue of 128 here: the 400 connections of
 /// `hundreds_of_concurrent_connections_and_no_leaks` overflowed it into SYN cookies, and an accepted
 /// connection whose client was already in TIME_WAIT (most likely rebuilt from a late cookie) stayed
 /// open and failed the leak check.
-fn listener() -> TcpListener {
-    let std = agent_sandbox_router::tcp_listener(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+fn listener(opening: Opening) -> TcpListener {
+    let std =
+        agent_sandbox_router::tcp_listener(SocketAddr::from(([127, 0, 0, 1], 0)), opening).unwrap();
     TcpListener::from_std(std).unwrap()
 }
 
@@ -93,8 +95,8 @@ impl TestRouter {
             .unwrap();
         let proxy = Arc::new(Proxy::new(&config).unwrap());
         let stop = CancellationToken::new();
-        let https = listener();
-        let http = listener();
+        let https = listener(Opening::Client);
+        let http = listener(Opening::Client);
         let mut router = TestRouter {
             https: https.local_addr().unwrap(),
             http: http.local_addr().unwrap(),
@@ -109,7 +111,7 @@ impl TestRouter {
             Arc::clone(&proxy).serve_http(http, stop.clone()),
         ));
         for (host, port) in &settings.forwards {
-            let l = listener();
+            let l = listener(Opening::Any);
             router
                 .forwards
                 .push((host.clone(), *port, l.local_addr().unwrap()));
