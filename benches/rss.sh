@@ -166,6 +166,9 @@ kib_per() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { if (n > 0) printf "%.1f",
 {
     echo "Router: \`$caps --peek-timeout 600\`${ROUTER_THREADS:+ --threads $ROUTER_THREADS}, a fresh process per row;"
     echo "$clients client addresses, connections opened round-robin over them, $(ulimit -Hn) open files at most."
+    echo "The TLS listener defers the accept until a connection's first bytes are in (README, Bounds): the silent"
+    echo "TCP connections reach the router about 1 s after they connect (past 1,024 at once as SYN cookies, not"
+    echo "deferred), and the row is read once the router holds them all."
     echo
     echo "| idle connections | opened / failed | held by the router | RSS before, KiB | RSS with them, KiB | KiB per connection | s to open |"
     echo "|---|---:|---:|---:|---:|---:|---:|"

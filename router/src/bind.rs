@@ -182,7 +182,7 @@ pub(crate) fn bind_dns(
             .first()
             .and_then(|s| s.local_addr().ok())
             .unwrap_or(addr);
-        match bind_tcp(tcp_addr, false, Opening::Any) {
+        match bind_tcp(tcp_addr, false, Opening::Client) {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(e) => last_error = Some((tcp_addr, e)),
         }
@@ -216,11 +216,13 @@ pub(crate) fn bind_tcp_many(
 /// Who speaks first on a listener's connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Opening {
-    /// Always the client (a TLS ClientHello, an HTTP request head): the kernel completes a new
-    /// connection's handshake but hands it to the router only once its first bytes have arrived
-    /// (TCP_DEFER_ACCEPT), so accepting it and reading its first bytes take one wake-up, not two. A
-    /// client that connects and sends nothing is handed over after [`DEFER_ACCEPT_SECS`]; the peek
-    /// timeout runs from then.
+    /// Always the client (a TLS ClientHello, an HTTP request head, a DNS query): the kernel completes a
+    /// new connection's handshake but hands it to the router only once its first bytes have arrived
+    /// (TCP_DEFER_ACCEPT), so accepting it and reading its first bytes take one wake-up, not two. Until
+    /// then the connection is one of the kernel's half-open ones (no connection slot, no per-client
+    /// cap; past the backlog the kernel falls back to SYN cookies, which are not deferred). A client
+    /// that connects and sends nothing is handed over after [`DEFER_ACCEPT_SECS`], once it acknowledges
+    /// the SYN-ACK the kernel resends then; the peek timeout runs from then. README, "Bounds".
     Client,
     /// Not known (`host:port` entries carry any protocol, and some servers greet first): handed over
     /// at once.
@@ -228,9 +230,10 @@ pub enum Opening {
 }
 
 /// How long the kernel holds a silent connection on an [`Opening::Client`] listener before handing it
-/// over anyway: one SYN-ACK retransmission (the kernel counts this option in retransmissions, and the
-/// first comes after 1 s). Long enough for any client's first bytes, short enough that a silent one
-/// still meets the peek timeout about a second later than it would without.
+/// over anyway. The kernel turns this into a count of SYN-ACK retransmissions, rounding up to its
+/// schedule (1 s, then 3, 7, 15 s in all): 1 is one retransmission, after 1 s. Long enough for any
+/// client's first bytes, short enough that a silent one still meets the peek timeout about a second
+/// later than it would without.
 pub const DEFER_ACCEPT_SECS: u32 = 1;
 
 /// Connections the kernel completes and queues for a listener before the router accepts them. A burst
@@ -267,7 +270,9 @@ pub(crate) fn bind_tcp(
     if opening == Opening::Client {
         // Only an optimisation: where the kernel lacks it (a user-space network stack, say), the
         // listener works the same and wakes once more per connection.
-        let _ = defer_accept(&socket, DEFER_ACCEPT_SECS);
+        if let Err(error) = defer_accept(&socket, DEFER_ACCEPT_SECS) {
+            tracing::debug!(%error, %addr, "TCP_DEFER_ACCEPT not available; accepting at once");
+        }
     }
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
@@ -405,10 +410,18 @@ mod tests {
             "not handed over"
         );
 
+        // With `tcp_syncookies` 2 every connection is a SYN cookie, and cookies are never deferred.
+        if std::fs::read_to_string("/proc/sys/net/ipv4/tcp_syncookies")
+            .is_ok_and(|s| s.trim() == "2")
+        {
+            eprintln!("skipped: net.ipv4.tcp_syncookies is 2 (cookies for every connection)");
+            return;
+        }
         let client = tcp_listener("127.0.0.1:0".parse().unwrap(), Opening::Client).unwrap();
         let addr = client.local_addr().unwrap();
+        // Before the connect: the kernel's 1 s starts with its SYN-ACK.
+        let connecting = Instant::now();
         let silent = std::net::TcpStream::connect(addr).unwrap();
-        let connected = Instant::now();
         assert!(
             !ready_within(&client, Duration::from_millis(300)),
             "a silent connection was handed over at once"
@@ -426,7 +439,7 @@ mod tests {
             ready_within(&client, Duration::from_secs(10)),
             "never handed over"
         );
-        let waited = connected.elapsed();
+        let waited = connecting.elapsed();
         assert!(
             waited >= Duration::from_millis(900),
             "handed over after {waited:?}"

@@ -57,11 +57,11 @@ impl Default for Settings {
     }
 }
 
-/// A listener on a free loopback port, bound the way the router binds its own (backlog and inherited
-/// socket options, and the deferred accept for HTTP and TLS). tokio's `TcpListener::bind` gave a queue of 128 here: the 400 connections of
-/// `hundreds_of_concurrent_connections_and_no_leaks` overflowed it into SYN cookies, and an accepted
-/// connection whose client was already in TIME_WAIT (most likely rebuilt from a late cookie) stayed
-/// open and failed the leak check.
+/// A listener on a free loopback port, bound the way the router binds its own (backlog, inherited
+/// socket options, and the deferred accept for HTTP and TLS). tokio's `TcpListener::bind` gave a queue
+/// of 128 here: the 400 connections of `hundreds_of_concurrent_connections_and_no_leaks` overflowed it
+/// into SYN cookies, and an accepted connection whose client was already in TIME_WAIT (most likely
+/// rebuilt from a late cookie) stayed open and failed the leak check.
 fn listener(opening: Opening) -> TcpListener {
     let std =
         agent_sandbox_router::tcp_listener(SocketAddr::from(([127, 0, 0, 1], 0)), opening).unwrap();
