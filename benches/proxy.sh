@@ -249,14 +249,17 @@ proxy_pids_of() { # who -> the proxy's pids (none for direct)
         nginx) nginx_pids | sort -u ;;
     esac
 }
-# new_conns WHO IP SCHEME KEY: one run of new connections (wrk -c32, Connection: close); records their
-# rate, and per connection the proxy's CPU (all, and its system part) and the whole machine's CPU.
+# new_conns WHO IP SCHEME KEY [WRK_SHAPE...]: one run of new connections (wrk -t2 -c32 unless a shape is
+# given, Connection: close); records their rate, and per connection the proxy's CPU (all, and its system
+# part) and the whole machine's CPU.
 new_conns() {
     local who=$1 ip=$2 scheme=$3 key=$4 c0 s0 m0 c1 s1 m1 rate
+    shift 4
+    [ $# -gt 0 ] || set -- -t2 -c32
     c0=$(cpu_ticks "${proxy_pids[@]}")
     s0=$(sys_ticks "${proxy_pids[@]}")
     m0=$(machine_ticks)
-    rate=$(wrk_at "$ip" "$scheme://upstream.test/small" -t2 -c32 -d"${secs}s" -H 'Connection: close' | rps)
+    rate=$(wrk_at "$ip" "$scheme://upstream.test/small" "$@" -d"${secs}s" -H 'Connection: close' | rps)
     c1=$(cpu_ticks "${proxy_pids[@]}")
     s1=$(sys_ticks "${proxy_pids[@]}")
     m1=$(machine_ticks)
@@ -304,6 +307,8 @@ for round in $(seq "$rounds"); do
         add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
         mapfile -t proxy_pids < <(proxy_pids_of "$who")
         new_conns "$who" "$ip" https https_new
+        # A session's load: a few connections at a time, where each wake-up carries one connection's step.
+        new_conns "$who" "$ip" https https_new4 -t1 -c4
         perf_pid=
         if [ -n "${PROFILE:-}" ] && [ "$who" = router ] && [ "$round" = 1 ]; then
             # PROFILE=FILE: a perf profile of the router during its first new-HTTP-connections run.
@@ -320,9 +325,9 @@ for round in $(seq "$rounds"); do
     done
 done
 # Every measure, in the report's order (the table and the samples list both walk it).
-measures=(https_keepalive https_new http_new bulk bulk_tls https_new_cpu https_new_sys http_new_cpu http_new_sys
-    bulk_cpu bulk_tls_cpu https_new_machine https_new_busy http_new_machine http_new_busy bulk_machine bulk_busy
-    bulk_tls_machine bulk_tls_busy)
+measures=(https_keepalive https_new https_new4 http_new bulk bulk_tls https_new_cpu https_new_sys https_new4_cpu
+    http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy https_new4_machine
+    https_new4_busy http_new_machine http_new_busy bulk_machine bulk_busy bulk_tls_machine bulk_tls_busy)
 declare -A result spread
 for key in "${!samples[@]}"; do
     # shellcheck disable=SC2086 # one sample per word
@@ -394,16 +399,20 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
         case $m in
             https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
             https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
+            https_new4) label="new HTTPS connections/s, four at a time (wrk -t1 -c4, Connection: close)" ;;
             http_new) label="new HTTP connections/s (wrk -c32, Connection: close)" ;;
             bulk) label="bulk 1 GiB over HTTP, MiB/s (curl)" ;;
             bulk_tls) label="bulk 1 GiB over HTTPS, MiB/s (curl)" ;;
             https_new_cpu) label="proxy CPU per new HTTPS connection, µs (lower is better)" ;;
             https_new_sys) label="… of which in the kernel (system time), µs" ;;
+            https_new4_cpu) label="proxy CPU per new HTTPS connection, four at a time, µs (lower is better)" ;;
             http_new_cpu) label="proxy CPU per new HTTP connection, µs (lower is better)" ;;
             http_new_sys) label="… of which in the kernel (system time), µs" ;;
             bulk_cpu) label="proxy CPU per GiB relayed over HTTP, ms (lower is better)" ;;
             bulk_tls_cpu) label="proxy CPU per GiB relayed over HTTPS, ms (lower is better)" ;;
             https_new_machine) label="whole machine's CPU per new HTTPS connection, µs" ;;
+            https_new4_machine) label="whole machine's CPU per new HTTPS connection, four at a time, µs" ;;
+            https_new4_busy) label="cores busy during the new HTTPS connections run, four at a time (of $(nproc))" ;;
             http_new_machine) label="whole machine's CPU per new HTTP connection, µs" ;;
             https_new_busy) label="cores busy during the new HTTPS connections run (of $(nproc))" ;;
             http_new_busy) label="cores busy during the new HTTP connections run (of $(nproc))" ;;
