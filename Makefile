@@ -20,7 +20,7 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench bench-ab packaging-test fuzz soak k8s-tools k8s-check k8s-test \
+	rpm release-images patch minor major pre-commit bench bench-ab bench-floor packaging-test fuzz soak k8s-tools k8s-check k8s-test \
 	setup setup-test install quickstart-test setup-lists-test
 
 # The Kubernetes checks' tools (kubernetes-validate, kubectl for kustomize, pytest), pinned in
@@ -139,3 +139,7 @@ bench: ## the benchmark suite (root): router vs dnsmasq/nginx, forwarder vs soca
 bench-ab: ## (root) A=ROUTER B=ROUTER: CPU and system calls per query/connection/request/GiB, alternating runs
 	@[ -n "$(A)" ] && [ -n "$(B)" ] || { echo "usage: make bench-ab A=path/to/router B=path/to/router" >&2; exit 2; }
 	benches/ab.sh $(A) $(B)
+
+bench-floor: ## (root) router and nginx beside a relay that does nothing: how far any proxy can lead here (ROUNDS x FLOOR_SECONDS; 10 min)
+	$(CARGO) build --release --locked -p agent-sandbox-router -p agent-sandbox-floor-relay
+	benches/floor.sh $(or $(FLOOR_SECONDS),5)

@@ -103,9 +103,10 @@ for _ in $(seq "$rounds"); do
     done
 done
 
-median() { sort -n | awk '{v[NR] = $1} END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median_exact() { # unrounded, unlike lib.sh's median
+    sort -n | awk '{v[NR] = $1} END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 cell() { # shellcheck disable=SC2086 # one sample per word
-    echo "$(printf '%s\n' ${samples[$1]} | median) (${samples[$1]% })"
+    echo "$(printf '%s\n' ${samples[$1]} | median_exact) (${samples[$1]% })"
 }
 echo "A: ${bins[0]}"
 echo "B: ${bins[1]}"

@@ -90,3 +90,97 @@ http {
 EOF
     ip netns exec "$ns" nginx -c "$dir/nginx-up.conf" -e "$dir/nginx-up.err"
 }
+
+# proxy_nginx_conf DIR LISTEN_IP RESOLVER: writes DIR/nginx-px.conf, the benches' nginx proxy on LISTEN_IP
+# (443 and 80), resolving names through RESOLVER (ADDR:PORT); its logs and pid file go in DIR.
+# nginx at its best honest configuration for this job (written out in BENCHMARKS.md): the design the
+# router replaces (stream ssl_preread on 443, proxy_pass http://$host with a resolver on 80), one worker per
+# core, a reuseport listener per worker, buffered access logs (nginx never fsyncs them; the router logs
+# every connection too), resolver answers cached for dnsmasq's TTL. To the upstream it speaks nginx's
+# default HTTP/1.0 with Connection: close, so the upstream closes first and its TIME_WAIT stays there, as
+# the router's does; keeping HTTP/1.1 without an upstream keepalive pool would leave every closed upstream
+# socket in TIME_WAIT on nginx's side and run it out of ports (2.2k connections/s in an earlier version of
+# this script). Bulk relays through 64 KiB buffers held in memory (no temp files).
+proxy_nginx_conf() {
+    local dir=$1 listen=$2 resolver=$3
+    cat >"$dir/nginx-px.conf" <<EOF
+worker_processes auto;
+worker_rlimit_nofile 20000;
+pid $dir/nginx-px.pid;
+error_log $dir/nginx-px.err warn;
+load_module /usr/lib/nginx/modules/ngx_stream_module.so;
+events { worker_connections 8192; }
+stream {
+    log_format conn '\$remote_addr [\$time_local] \$ssl_preread_server_name \$upstream_addr \$status \$bytes_sent \$bytes_received \$session_time';
+    access_log $dir/nginx-px-stream.log conn buffer=64k flush=1s;
+    # As in the design agent-sandbox replaces: the allowlisted name the client sent is resolved and
+    # dialled (dnsmasq answers the names), everything else goes nowhere.
+    resolver $resolver ipv6=off;
+    map \$ssl_preread_server_name \$allowed {
+        upstream.test \$ssl_preread_server_name:443;
+        default 127.0.0.1:9;
+    }
+    server {
+        listen $listen:443 backlog=4096 reuseport;
+        ssl_preread on;
+        proxy_pass \$allowed;
+    }
+}
+http {
+    access_log $dir/nginx-px-http.log combined buffer=64k flush=1s;
+    resolver $resolver ipv6=off;
+    server {
+        listen $listen:80 backlog=4096 reuseport;
+        server_name upstream.test;
+        location / {
+            proxy_pass http://\$host;
+            # The fastest and cheapest of the buffer settings tried for the bulk row (1 GiB, 3 runs
+            # each): buffered in memory through 16 x 64 KiB, never to a temp file: ~780 MiB/s at ~550
+            # ms CPU per GiB, against ~530 MiB/s and ~1.1 s for the defaults, buffered or not.
+            proxy_buffering on;
+            proxy_max_temp_file_size 0;
+            proxy_buffer_size 64k;
+            proxy_buffers 16 64k;
+            proxy_busy_buffers_size 128k;
+        }
+    }
+    server { listen $listen:80 default_server; return 403; }
+}
+EOF
+}
+
+# wrk_at IP URL [WRK ARGS...]: wrk with upstream.test at IP and --latency; uses the caller's $work.
+# wrk resolves names with getaddrinfo and has no --resolve: give it a private /etc/hosts.
+wrk_at() { # ip url [wrk args...]
+    local ip=$1 url=$2
+    shift 2
+    printf '%s upstream.test\n' "$ip" >"$work/hosts.$ip"
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    unshare --mount sh -c 'mount --bind "$1" /etc/hosts && shift && exec wrk "$@"' sh "$work/hosts.$ip" \
+        "$@" --latency "$url"
+}
+
+# stat_ticks "FIELD..." PID...: the sum over the given pids of the given /proc/PID/stat fields, in clock
+# ticks (14 utime, 15 stime, 16 cutime, 17 cstime); a pid gone counts 0.
+stat_ticks() {
+    local fields=$1 total=0 p
+    shift
+    for p in "$@"; do
+        total=$((total + $(awk -v f="$fields" '{n = split(f, a, " "); t = 0; for (i = 1; i <= n; i++) t += $a[i]; print t}' \
+            "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+cpu_ticks() { stat_ticks "14 15" "$@"; } # user + system
+sys_ticks() { stat_ticks "15" "$@"; }    # system: the kernel's share of cpu_ticks
+# Every process's CPU on the machine (user, nice, system, irq, softirq; not idle, iowait or steal), in
+# clock ticks: what one new connection costs the whole chain (load generator, proxy, upstream, kernel).
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+# busy_cores T0 T1 SECONDS: how many cores machine_ticks says were busy on average over a run. At the
+# number of cores the machine was saturated, and its CPU per connection is only the inverse of the rate.
+busy_cores() { awk -v t="$(($2 - $1))" -v hz="$(getconf CLK_TCK)" -v s="$3" 'BEGIN {printf "%.2f", t / hz / s}'; }
+
+# median: the median of the numbers on stdin, one per line ("-" if none).
+median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# ratio A B: A / B to two decimals, "n/a" if either is missing or B is 0.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }

@@ -80,7 +80,6 @@ python3 benches/paced_tls.py --ip 127.0.1.1 --name upstream.test --rate "$cps" -
 tls_pid=$!
 pids+=("$tls_pid")
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 cpu_before=$(cpu_ticks "$router_pid")
 sighups=0
 for gen in $(seq 1 "$secs"); do
