@@ -41,7 +41,7 @@ install: ## the launcher from make build into ~/.local/bin (as root: /usr/local/
 	packaging/install.sh
 
 build: ## build the release binaries and both images (agent-sandbox --build-images)
-	$(CARGO) build --release --workspace --exclude agent-sandbox-testkit --locked
+	$(CARGO) build --release --workspace --exclude agent-sandbox-testkit --exclude agent-sandbox-floor-relay --locked
 	packaging/rootless-images.sh target/release/agent-sandbox
 	target/release/agent-sandbox --build-images $(if $(SANDBOX_BASE),--base-image $(SANDBOX_BASE))
 
@@ -141,5 +141,4 @@ bench-ab: ## (root) A=ROUTER B=ROUTER: CPU and system calls per query/connection
 	benches/ab.sh $(A) $(B)
 
 bench-floor: ## (root) router and nginx beside a relay that does nothing: how far any proxy can lead here (ROUNDS x FLOOR_SECONDS; 10 min)
-	$(CARGO) build --release --locked -p agent-sandbox-router -p agent-sandbox-floor-relay
 	benches/floor.sh $(or $(FLOOR_SECONDS),5)

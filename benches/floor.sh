@@ -10,6 +10,8 @@
 # Bulk is not here: the floor copies through user space, and the router's splice(2) moves less, so the
 # floor is not a floor for bulk (benches/proxy.sh has socat and direct for that).
 #
+# Every sample is printed, so the report can be checked and re-analysed without the run.
+#
 # Root only (network namespace). Traffic stays on this machine: loopback, and a namespace with no default
 # route. Usage: benches/floor.sh [SECONDS] [OUT.md]; ROUNDS (default 5) rounds, contenders rotated.
 set -euo pipefail
@@ -21,9 +23,17 @@ out=${2:-/dev/stdout}
 rounds=${ROUNDS:-5}
 router=${ROUTER_BIN:-target/release/agent-sandbox-router}
 floor=${FLOOR_BIN:-target/release/agent-sandbox-floor-relay}
-[ -x "$router" ] || cargo build --release -p agent-sandbox-router
-[ -x "$floor" ] || cargo build --release -p agent-sandbox-floor-relay
+# The default binaries are built from this checkout (a no-op when they are fresh), never reused stale.
+[ -n "${ROUTER_BIN:-}" ] || cargo build --release --locked -p agent-sandbox-router
+[ -n "${FLOOR_BIN:-}" ] || cargo build --release --locked -p agent-sandbox-floor-relay
 [ "$(id -u)" = 0 ] || { echo "benches/floor.sh needs root (network namespace)" >&2; exit 1; }
+# SO_REUSEPORT would let a relay left from an aborted run share the floor's addresses unseen.
+if ss -Hltn | awk '{print $4}' | grep -q '^127\.0\.6\.'; then
+    echo "something already listens on 127.0.6.x (left from an aborted run?):" >&2
+    ss -Hltnp | grep '127\.0\.6\.' >&2
+    exit 1
+fi
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for tool in nginx dnsmasq wrk curl openssl unshare; do
     command -v "$tool" >/dev/null || { echo "missing $tool (make bench installs the tools)" >&2; exit 1; }
 done
@@ -107,6 +117,11 @@ run() {
     rate=$(wrk_at "${target[$who]}" "$scheme://upstream.test/small" "$@" -d"${secs}s" |
         tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}')
     c1=$(cpu_ticks "${p[@]}")
+    # A missing sample would shift the pairing of rounds in the report: stop instead.
+    if [ -z "$rate" ] || [ "$rate" = 0 ]; then
+        { echo "wrk gave no rate ($who, $key):"; tail -20 "$work/wrk.all"; } >&2
+        exit 1
+    fi
     add "$who,$key" "$rate"
     add "$who,${key}_cpu" "$(awk -v t="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v r="$rate" -v s="$secs" \
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }')"
@@ -133,10 +148,25 @@ for key in "${!samples[@]}"; do
     spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
 done
 cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
+# paired WHO MEASURE: the median of the per-round ratios WHO/nginx (the contenders ran in the same
+# rounds), with their lowest and highest: steadier than the ratio of the medians when rounds differ.
+paired() {
+    local -a a b
+    local i
+    read -r -a a <<<"${samples[$1,$2]:-}"
+    read -r -a b <<<"${samples[nginx,$2]:-}"
+    for i in "${!a[@]}"; do echo "${a[$i]} ${b[$i]:-0}"; done |
+        awk '$2 > 0 {printf "%.4f\n", $1 / $2}' | sort -n |
+        awk '{v[NR] = $1} END { if (NR == 0) { print "n/a"; exit }
+            m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+            printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
+}
 {
     echo "Machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r);"
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($(sha256sum "$router" | cut -c1-12)), floor relay $(sha256sum "$floor" | cut -c1-12);"
-    echo "$rounds rounds of $secs s, contenders rotated; medians (lowest–highest sample)."
+    echo "load average before the run: $load_before."
+    echo "$rounds rounds of $secs s, contenders rotated; medians (lowest–highest sample). The ratios to nginx are"
+    echo "paired: the median of the per-round ratios (lowest–highest)."
     echo
     echo "| measure | router \`--threads 1\` | router (one worker per core) | nginx | floor, one process | floor, one process per core | router/nginx | router per core/nginx | floor/nginx | floor per core/nginx |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -151,8 +181,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
             http_new_cpu) label="proxy CPU per new HTTP connection (-c32), µs" ;;
             https_keepalive_cpu) label="proxy CPU per kept-alive HTTPS request, µs" ;;
         esac
-        n=${result[nginx,$m]:--}
-        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "floor,$m") | $(cell "floor_mt,$m") | $(ratio "${result[router,$m]:--}" "$n") | $(ratio "${result[router_mt,$m]:--}" "$n") | $(ratio "${result[floor,$m]:--}" "$n") | $(ratio "${result[floor_mt,$m]:--}" "$n") |"
+        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "floor,$m") | $(cell "floor_mt,$m") | $(paired router "$m") | $(paired router_mt "$m") | $(paired floor "$m") | $(paired floor_mt "$m") |"
     done
     echo
     echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# Set-up shared by the benches that run an upstream in a network namespace of their own (ab.sh, proxy.sh,
-# reload.sh, soak.sh). Sourced, not run. Every function but bench_cleanup only creates; bench_cleanup, the
-# callers' EXIT trap, removes what they made.
+# Set-up and measuring helpers shared by the benches that run an upstream in a network namespace of their
+# own (ab.sh, floor.sh, proxy.sh, reload.sh, soak.sh). Sourced, not run. bench_cleanup, the callers' EXIT
+# trap, removes what the set-up functions made; the rest only create, or only read.
 
 # bench_cleanup: kills the caller's background processes ($pids) and every nginx whose pid file is in
 # $work, removes the veth pair $veth and the namespace $ns, then $work. Each step tolerates what is not

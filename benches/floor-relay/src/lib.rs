@@ -2,10 +2,12 @@
 //! listening address to one fixed upstream address, bytes as they come, both ways, until both ends have
 //! finished: no name, no parsing, no policy, no resolver, no log, no limits, no timeouts, one thread.
 //!
-//! What it is for: `benches/floor.sh` runs it beside the router and nginx against the same upstream. No
-//! proxy that reads a name, decides and dials can do less work per connection than this does, so its
-//! figures bound what any of them can reach on the machine, and the goals of the performance issue can
-//! be judged against that bound rather than against hope.
+//! What it is for: `benches/floor.sh` runs it beside the router and nginx against the same upstream. A
+//! proxy that reads a name, decides and dials cannot do much less work per connection than this does (a
+//! few system calls here could go: the `getpeername` after a connect, the first read of a fresh client,
+//! the no-Nagle options; it also dials at accept, which such a proxy cannot), so its figures bound, to
+//! within a few percent, what any of them can reach on the machine, and the goals of the performance
+//! issue can be judged against that bound rather than against hope.
 //!
 //! What it does, and why each thing is the least:
 //! - one thread, epoll through mio (edge-triggered); its listeners are bound as nginx's are in the
@@ -13,7 +15,9 @@
 //! - each accepted connection gets a non-blocking connect to the upstream and no-Nagle on both sides;
 //! - each direction has one 16 KiB buffer (from a pool, so none is allocated in the steady state);
 //! - a read that returns less than it asked for emptied the socket, so the next read waits for the next
-//!   edge (no read that fails with EAGAIN), unless the peer's FIN is already known;
+//!   edge (no read that fails with EAGAIN), unless the peer's FIN is already known (tokio, under the
+//!   router, follows the same rule; neither holds for TCP urgent data, where a read stops at the urgent
+//!   mark, which wrk never sends);
 //! - end of stream on one side is passed on as a half-close (shutdown of the other side's write), and a
 //!   connection is closed once both directions have ended, or at its first error.
 //!
@@ -71,6 +75,12 @@ pub fn parse_args(args: &[String]) -> anyhow::Result<Vec<Pair>> {
     }
     if pairs.is_empty() {
         bail!("no --pair given");
+    }
+    for (i, p) in pairs.iter().enumerate() {
+        if pairs[..i].iter().any(|q| q.listen == p.listen) {
+            // SO_REUSEPORT would let both bind and split the connections silently.
+            bail!("--pair: {} is given twice", p.listen);
+        }
     }
     Ok(pairs)
 }
@@ -139,12 +149,14 @@ pub struct Relay {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     pool: Vec<Box<[u8]>>,
+    /// Listeners whose accept ran out of descriptors: accepted from again at the next close.
+    starved: Vec<usize>,
     waker: Arc<Waker>,
     flag: Arc<AtomicBool>,
 }
 
 impl Relay {
-    /// Binds every pair's listening address (SO_REUSEADDR, a queue of 1,024).
+    /// Binds every pair's listening address (see [`listen`]).
     pub fn bind(pairs: &[Pair]) -> anyhow::Result<Relay> {
         let poll = Poll::new().context("creating the epoll instance")?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE).context("creating the stop waker")?);
@@ -162,6 +174,7 @@ impl Relay {
             conns: Vec::new(),
             free: Vec::new(),
             pool: Vec::new(),
+            starved: Vec::new(),
             waker,
             flag: Arc::new(AtomicBool::new(false)),
         })
@@ -213,7 +226,7 @@ impl Relay {
                 side.read_closed |= event.is_read_closed() || event.is_error();
                 let open = drive(conn).unwrap_or(false);
                 if !open {
-                    self.close(index);
+                    self.close(index)?;
                 }
             }
             if stop.load(Ordering::SeqCst) || self.flag.load(Ordering::SeqCst) {
@@ -230,11 +243,19 @@ impl Relay {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // A connection reset before it was accepted, or descriptors running out: skip it and
-                // try the next (out of descriptors, the queue keeps the rest for the next edge).
+                // Out of descriptors: the queue keeps the rest, and no new edge may come for them
+                // (the listener is edge-triggered), so the next close accepts again.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    eprintln!(
+                        "agent-sandbox-floor-relay: accept: {e}; accepting again after a close"
+                    );
+                    self.starved.push(which);
+                    return Ok(());
+                }
+                // One connection's failure (reset before it was accepted, and the like): the next.
                 Err(e) => {
                     eprintln!("agent-sandbox-floor-relay: accept: {e}");
-                    return Ok(());
+                    continue;
                 }
             };
             let upstream = match TcpStream::connect(upstream_addr) {
@@ -288,13 +309,25 @@ impl Relay {
         }
     }
 
-    fn close(&mut self, index: usize) {
-        if let Some(conn) = self.conns[index].take() {
-            // Closing the descriptors removes them from the epoll set.
-            self.pool.push(conn.up.buf);
-            self.pool.push(conn.down.buf);
+    fn close(&mut self, index: usize) -> anyhow::Result<()> {
+        if let Some(Conn {
+            client,
+            upstream,
+            up,
+            down,
+        }) = self.conns[index].take()
+        {
+            // Closing the descriptors removes them from the epoll set, and frees two for a starved
+            // listener.
+            drop((client, upstream));
+            self.pool.push(up.buf);
+            self.pool.push(down.buf);
             self.free.push(index);
+            for which in std::mem::take(&mut self.starved) {
+                self.accept(which)?;
+            }
         }
+        Ok(())
     }
 }
 
@@ -426,6 +459,15 @@ mod tests {
                 "upstream address",
             ),
             (&["--port", "80"][..], "unknown argument"),
+            (
+                &[
+                    "--pair",
+                    "127.0.0.1:80=10.0.0.1:80",
+                    "--pair",
+                    "127.0.0.1:80=10.0.0.2:80",
+                ][..],
+                "given twice",
+            ),
             (&[][..], "no --pair"),
         ] {
             let e = format!("{:#}", parse_args(&args(bad)).unwrap_err());
