@@ -243,9 +243,14 @@ impl Relay {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // Out of descriptors: the queue keeps the rest, and no new edge may come for them
-                // (the listener is edge-triggered), so the next close accepts again.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                // Out of descriptors or memory: the queue keeps the rest, and no new edge may come
+                // for them (the listener is edge-triggered), so the next close accepts again.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) =>
+                {
                     eprintln!(
                         "agent-sandbox-floor-relay: accept: {e}; accepting again after a close"
                     );
