@@ -114,8 +114,7 @@ run() {
     local -a p
     mapfile -t p < <(proc_pids "$who")
     c0=$(cpu_ticks "${p[@]}")
-    rate=$(wrk_at "${target[$who]}" "$scheme://upstream.test/small" "$@" -d"${secs}s" |
-        tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}')
+    rate=$(wrk_at "${target[$who]}" "$scheme://upstream.test/small" "$@" -d"${secs}s" | rps)
     c1=$(cpu_ticks "${p[@]}")
     # A missing sample would shift the pairing of rounds in the report: stop instead.
     if [ -z "$rate" ] || [ "$rate" = 0 ]; then
@@ -141,13 +140,7 @@ done
 measures=(https_new https_new4 http_new https_keepalive https_new_cpu https_new4_cpu http_new_cpu
     https_keepalive_cpu)
 declare -A result spread
-for key in "${!samples[@]}"; do
-    # shellcheck disable=SC2086 # one sample per word
-    result[$key]=$(printf '%s\n' ${samples[$key]} | median)
-    # shellcheck disable=SC2086
-    spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
-done
-cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
+summarise
 # paired WHO MEASURE: the median of the per-round ratios WHO/nginx (the contenders ran in the same
 # rounds), with their lowest and highest: steadier than the ratio of the medians when rounds differ.
 paired() {
@@ -162,7 +155,7 @@ paired() {
             printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
 }
 {
-    echo "Machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r);"
+    echo "Machine: $(machine_desc);"
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($(sha256sum "$router" | cut -c1-12)), floor relay $(sha256sum "$floor" | cut -c1-12);"
     echo "load average before the run: $load_before."
     echo "$rounds rounds of $secs s, contenders rotated; medians (lowest–highest sample). The ratios to nginx are"
@@ -185,8 +178,7 @@ paired() {
     done
     echo
     echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \
-        "$(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(",", ""); c += $4; r += $6; w += $8; t += $10}
-            END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$work/wrk.all")."
+        "$(wrk_errors "$work/wrk.all")."
     echo
     echo "Samples (router / router per core / nginx / floor / floor per core):"
     echo

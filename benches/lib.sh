@@ -184,3 +184,28 @@ busy_cores() { awk -v t="$(($2 - $1))" -v hz="$(getconf CLK_TCK)" -v s="$3" 'BEG
 median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # ratio A B: A / B to two decimals, "n/a" if either is missing or B is 0.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+# rps: requests/s from wrk's output on stdin, rounded; the whole output is appended to $work/wrk.all, so
+# the errors wrk reports can be summed in the report (wrk_errors).
+rps() { tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
+# wrk_errors FILE: wrk's error counts summed over every run whose output is in FILE.
+wrk_errors() {
+    awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(",", ""); c += $4; r += $6; w += $8; t += $10}
+        END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$1"
+}
+# summarise: fills the caller's associative arrays result and spread with the median and the
+# lowest–highest range of each key of its samples array (one sample per word).
+# shellcheck disable=SC2004 # result and spread are the caller's associative arrays (declare -A)
+summarise() {
+    local key
+    for key in "${!samples[@]}"; do
+        # shellcheck disable=SC2086 # one sample per word
+        result[$key]=$(printf '%s\n' ${samples[$key]} | median)
+        # shellcheck disable=SC2086
+        spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
+    done
+}
+# cell KEY: "median (lowest–highest)" of KEY after summarise.
+cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
+# machine_desc: the machine for a report's first line.
+machine_desc() { echo "$(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r)"; }

@@ -114,8 +114,6 @@ ready 127.0.4.1 || { echo "socat not ready"; exit 1; } >&2
 
 declare -A target=([router]=127.0.1.1 [router_mt]=127.0.1.2 [nginx]=127.0.2.1 [direct]=198.18.0.2 [socat]=127.0.4.1)
 
-# Requests/s from wrk's output; the whole output is kept, so errors it reports are summed in the report.
-rps() { tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
 
 pids_rss() { # sum VmRSS (KiB) of the given pids
     local total=0 p
@@ -249,12 +247,7 @@ measures=(https_keepalive https_new https_new4 http_new bulk bulk_tls https_new_
     http_new_cpu http_new_sys bulk_cpu bulk_tls_cpu https_new_machine https_new_busy https_new4_machine
     https_new4_busy http_new_machine http_new_busy bulk_machine bulk_busy bulk_tls_machine bulk_tls_busy)
 declare -A result spread
-for key in "${!samples[@]}"; do
-    # shellcheck disable=SC2086 # one sample per word
-    result[$key]=$(printf '%s\n' ${samples[$key]} | median)
-    # shellcheck disable=SC2086
-    spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
-done
+summarise
 
 conntrack_after=$(conntrack_count)
 # RSS idle (after the load, sockets closed) and with 1,000 open TLS connections.
@@ -298,9 +291,8 @@ busy_router=$(measure_hold 127.0.1.1 "$router_pid")
 # shellcheck disable=SC2046
 busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
 
-cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 {
-    echo "Machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r);"
+    echo "Machine: $(machine_desc);"
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($router, $(sha256sum "$router" | cut -c1-12));"
     echo "load average before the run: $load_before."
     # Entries expire (TIME_WAIT's after 120 s), so only growth says it tracked this run's connections.
@@ -346,8 +338,7 @@ cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
     done
     echo
     echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \
-        "$(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(",", ""); c += $4; r += $6; w += $8; t += $10}
-            END {printf "%d non-2xx; connect %d, read %d, write %d, timeout %d", n, c, r, w, t}' "$work/wrk.all")."
+        "$(wrk_errors "$work/wrk.all")."
     echo
     echo "Medians of $rounds rounds of ${secs} s (lowest–highest sample in brackets), the contenders in rotating"
     echo "order. Samples (router / router default threads / nginx / direct / socat):"
