@@ -20,7 +20,7 @@ VERSION := $(shell packaging/version.sh)
 REGISTRY ?= artifactapi.k8s.syd1.au.unkin.net/docker-internal
 
 .PHONY: help build test lint fmt router-image image-test bench-forwarder base-image e2e \
-	rpm release-images patch minor major pre-commit bench bench-ab bench-floor packaging-test fuzz soak k8s-tools k8s-check k8s-test \
+	rpm release-images patch minor major pre-commit bench bench-ab bench-floor bench-instructions packaging-test fuzz soak k8s-tools k8s-check k8s-test \
 	setup setup-test install quickstart-test setup-lists-test
 
 # The Kubernetes checks' tools (kubernetes-validate, kubectl for kustomize, pytest), pinned in
@@ -142,3 +142,6 @@ bench-ab: ## (root) A=ROUTER B=ROUTER: CPU and system calls per query/connection
 
 bench-floor: ## (root) router and nginx beside a relay that does nothing: how far any proxy can lead here (ROUNDS x FLOOR_SECONDS; 10 min)
 	benches/floor.sh $(or $(FLOOR_SECONDS),5)
+
+bench-instructions: ## (root, valgrind) user-space instructions per request/connection under callgrind, beside the floor; [A=ROUTER [B=ROUTER]]
+	benches/instructions.sh $(A) $(B)

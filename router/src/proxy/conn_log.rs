@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use super::upstream::DialError;
 use crate::coalesce;
+use crate::logging::{Addr, MaybeAddr};
 use crate::metrics::{self, CloseReason, Direction, Listener, Metrics, RefusalReason};
 
 /// One connection's log line, written when the connection ends (however it ends).
@@ -162,12 +163,7 @@ impl Drop for ConnLog {
     fn drop(&mut self) {
         let name = std::mem::take(self.name.get_mut().unwrap_or_else(|e| e.into_inner()));
         let decision = *self.decision.get_mut().unwrap_or_else(|e| e.into_inner());
-        let upstream = self
-            .upstream
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let upstream = *self.upstream.get_mut().unwrap_or_else(|e| e.into_inner());
         let (up, down) = (*self.bytes_up.get_mut(), *self.bytes_down.get_mut());
         let counted = match decision {
             _ if *self.client_failed.get_mut() => metrics::Decision::Failed,
@@ -185,11 +181,11 @@ impl Drop for ConnLog {
             self.metrics.bytes(Direction::Downstream, down);
         }
         info!(
-            { logs::CLIENT } = %self.client,
+            { logs::CLIENT } = %Addr(self.client),
             { logs::LISTENER } = self.kind.as_str(),
             { logs::NAME } = %name,
             { logs::DECISION } = decision.as_str(),
-            { logs::UPSTREAM } = %upstream,
+            { logs::UPSTREAM } = %MaybeAddr(upstream),
             { logs::BYTES_UP } = up,
             { logs::BYTES_DOWN } = down,
             { logs::DURATION_MS } = self.start.elapsed().as_millis() as u64,

@@ -278,6 +278,19 @@ pub(crate) fn load_inject(config: &ValidConfig) -> anyhow::Result<Option<Arc<Inj
 /// A client-supplied name made safe for a log line or a response: escaped, truncated.
 #[must_use]
 pub fn show(raw: &[u8]) -> String {
+    // Every connection shows its name once. A name of printable ASCII that escaping leaves alone (no
+    // quote or backslash) is its own escape: copied, without the per-character escaping below.
+    if raw
+        .iter()
+        .all(|&b| (b' '..=b'~').contains(&b) && !matches!(b, b'\\' | b'"' | b'\''))
+    {
+        let kept = &raw[..raw.len().min(MAX_SHOWN_NAME)];
+        let mut out = String::from_utf8_lossy(kept).into_owned();
+        if raw.len() > MAX_SHOWN_NAME {
+            out.push('…');
+        }
+        return out;
+    }
     let mut out = String::new();
     for chunk in raw.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -328,5 +341,49 @@ mod tests {
         let long = show(&[b'a'; 1000]);
         assert!(long.len() <= MAX_SHOWN_NAME + 3, "{}", long.len());
         assert!(long.ends_with('…'));
+    }
+
+    /// The escaping loop alone, as `show` was before its fast path for names escaping leaves alone.
+    fn show_escaping(raw: &[u8]) -> String {
+        let mut out = String::new();
+        for chunk in raw.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                out.extend(c.escape_debug());
+            }
+            for b in chunk.invalid() {
+                out.push_str(&format!("\\x{b:02x}"));
+            }
+        }
+        if out.len() > MAX_SHOWN_NAME {
+            let mut cut = MAX_SHOWN_NAME;
+            while !out.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.truncate(cut);
+            out.push('…');
+        }
+        out
+    }
+
+    #[test]
+    fn show_fast_path_is_the_escaping() {
+        let mut inputs: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for b in 0..=255u8 {
+            inputs.push([b"api.", &[b][..], b".example.com"].concat());
+        }
+        for len in [
+            0,
+            1,
+            MAX_SHOWN_NAME - 1,
+            MAX_SHOWN_NAME,
+            MAX_SHOWN_NAME + 1,
+            1000,
+        ] {
+            inputs.push(vec![b'x'; len]);
+            inputs.push([&vec![b'x'; len][..], b"\\"].concat());
+        }
+        for raw in inputs {
+            assert_eq!(show(&raw), show_escaping(&raw), "{raw:?}");
+        }
     }
 }

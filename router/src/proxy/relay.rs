@@ -178,7 +178,8 @@ async fn pump_splice(
 }
 
 /// Copies until `src` ends (`true`) or, when `to_bulk`, until [`BULK_STREAK`] reads in a row filled the
-/// buffer (`false`). The buffer is only held while data is in hand, so an idle relay holds none.
+/// buffer (`false`). A relay holds a buffer of its own only while `dst` makes it wait (see [`copy_now`]),
+/// so an idle relay holds none.
 async fn pump_copy(
     src: &TcpStream,
     dst: &TcpStream,
@@ -189,9 +190,8 @@ async fn pump_copy(
     let mut full = 0u32;
     while !(to_bulk && full >= BULK_STREAK) {
         src.readable().await?;
-        let mut buf = Vec::with_capacity(COPY_BUF);
-        let n = match read_drain(src, &mut buf, COPY_BUF) {
-            Ok(n) => n,
+        let (n, unsent) = match copy_now(src, dst) {
+            Ok(copied) => copied,
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
                     || e.kind() == io::ErrorKind::Interrupted =>
@@ -208,11 +208,45 @@ async fn pump_copy(
         } else {
             full += 1;
         }
-        write_all(dst, &buf[..n]).await?;
+        if let Some(rest) = unsent {
+            write_all(dst, &rest).await?;
+        }
         total += n as u64;
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
     Ok((total, false))
+}
+
+thread_local! {
+    /// The copy buffer of every relay on this thread: a relay only holds it between a read and the
+    /// write that follows at once, with no wait in between.
+    static COPY_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One read from `src` (as [`read_drain`]) and, at once, as much of it written to `dst` as `dst` takes
+/// without waiting. Returns the bytes read (0: end of stream) and what `dst` did not take, which the
+/// caller writes once `dst` is writable: only then does a relay hold a buffer of its own.
+///
+/// The bytes go through one buffer per thread instead of one taken from and given back to the
+/// allocator per message (a kept-alive exchange's requests and responses each take one read).
+fn copy_now(src: &TcpStream, dst: &TcpStream) -> io::Result<(usize, Option<Vec<u8>>)> {
+    COPY_SCRATCH.with(|scratch| {
+        // Nothing here waits, so nothing else on this thread can be holding the buffer.
+        let mut buf = scratch.borrow_mut();
+        buf.clear();
+        let n = read_drain(src, &mut buf, COPY_BUF)?;
+        let mut sent = 0;
+        while sent < n {
+            match dst.try_write(&buf[sent..n]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(k) => sent += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((n, (sent < n).then(|| buf[sent..n].to_vec())))
+    })
 }
 
 /// Reads once from `src` into `buf` (appending at most `max` bytes) if tokio has seen it readable;
