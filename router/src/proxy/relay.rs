@@ -89,6 +89,20 @@ fn splice_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var_os("AGENT_SANDBOX_NO_SPLICE").is_none())
 }
 
+/// Waits until the runtime has seen `s` readable (or closed), through the socket's one slot for a
+/// reader's waker (`poll_read_ready`) rather than `TcpStream::readable`, whose future joins a list of
+/// waiters under the socket's lock when it waits and leaves it when dropped: per wait, one lock and
+/// about 300 instructions fewer (BENCHMARKS.md, issue 18). The slot holds one waker, so only one task
+/// may wait on a socket's read side this way: a connection's reads and writes all run in its one task.
+async fn read_ready(s: &TcpStream) -> io::Result<()> {
+    std::future::poll_fn(|cx| s.poll_read_ready(cx)).await
+}
+
+/// [`read_ready`] for the write side (`poll_write_ready`).
+async fn write_ready(s: &TcpStream) -> io::Result<()> {
+    std::future::poll_fn(|cx| s.poll_write_ready(cx)).await
+}
+
 /// Shuts down the write side of `stream`, passing a half-close on. Errors (the peer already gone) are
 /// irrelevant: the other direction notices on its own.
 pub(crate) fn shutdown_write(stream: &TcpStream) {
@@ -146,7 +160,7 @@ async fn pump_splice(
                 splice(src.as_raw_fd(), pipe.write.as_raw_fd(), PIPE_SIZE as usize)
             }) {
                 Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => src.readable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => read_ready(src).await?,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -166,7 +180,7 @@ async fn pump_splice(
                     total += n as u64;
                     counter.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => write_ready(dst).await?,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -189,7 +203,7 @@ async fn pump_copy(
     let mut total = 0u64;
     let mut full = 0u32;
     while !(to_bulk && full >= BULK_STREAK) {
-        src.readable().await?;
+        read_ready(src).await?;
         let (n, unsent) = match copy_now(src, dst) {
             Ok(copied) => copied,
             Err(e)
@@ -286,7 +300,7 @@ pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()
         match dst.try_write(data) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => write_ready(dst).await?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -362,7 +376,7 @@ pub(crate) async fn write_first(dst: &TcpStream, data: &[u8]) -> io::Result<()> 
 /// one byte of work per read, not `max`.
 pub(crate) async fn read_some(src: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
     loop {
-        src.readable().await?;
+        read_ready(src).await?;
         match read_drain(src, buf, max) {
             Ok(n) => return Ok(n),
             Err(e)
