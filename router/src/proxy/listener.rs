@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn, Instrument as _};
 
+use super::guard::Guarded;
 use super::http::{self, Status};
 use super::refusal::{self, send_and_close};
 use super::tls::{alert_record, AlertDescription};
@@ -114,10 +115,8 @@ impl Proxy {
             tasks.spawn(
                 async move {
                     let _slots = (permit, client_slot, open);
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        () = work => {}
-                    }
+                    let stop = std::pin::pin!(shutdown.cancelled());
+                    let _ = Guarded::new(work, stop).await;
                 }
                 .instrument(span),
             );

@@ -39,6 +39,7 @@ pub mod cache;
 pub(crate) mod conn_log;
 mod dial;
 mod forward_conn;
+mod guard;
 pub mod http;
 mod http_conn;
 mod listener;
@@ -230,11 +231,20 @@ impl Proxy {
         log: &ConnLog,
         work: impl Future<Output = T>,
     ) -> Option<T> {
-        tokio::select! {
-            r = work => Some(r),
-            () = relay::idle(&log.bytes_up, &log.bytes_down, self.idle_timeout) => {
+        let work = std::pin::pin!(work);
+        let idle = std::pin::pin!(relay::idle(
+            &log.bytes_up,
+            &log.bytes_down,
+            self.idle_timeout
+        ));
+        match guard::Guarded::new(work, idle).await {
+            guard::Ended::Work(r) => Some(r),
+            guard::Ended::Stop(()) => {
                 self.bounds.metrics.closed(CloseReason::IdleTimeout);
-                tracing::debug!(idle_s = self.idle_timeout.as_secs(), "closed after the idle timeout");
+                tracing::debug!(
+                    idle_s = self.idle_timeout.as_secs(),
+                    "closed after the idle timeout"
+                );
                 None
             }
         }
