@@ -3,8 +3,9 @@
 # per new HTTP connection, counted by callgrind (valgrind), beside the floor relay (benches/floor-relay)
 # doing the same work. On this project's shared 2-core machines a change worth 5 % of the router's CPU is
 # lost in the spread of any timed run (BENCHMARKS.md, issue 18); an instruction count is not: two runs of
-# the same binary agree to about 1 %. So a change to the router's own code can be shown here, and its
-# effect on time checked with benches/ab.sh, which can show whether it hurts but not a small gain.
+# the same binary agree to within 3 % per new connection and 0.2 % per kept-alive request. So a change
+# to the router's own code can be shown here, and its effect on time checked with benches/ab.sh, which
+# can show whether it hurts but not a small gain.
 #
 # What it does not count: the kernel, where most of a connection's CPU goes (system calls, TCP), and
 # anything that depends on load. The client is wrk with one connection (-t1 -c1), so every step of every

@@ -14,7 +14,8 @@
 //! - [`dial`]: the one way any driver reaches an upstream: always the decided name, resolved and checked
 //!   by [`upstream`], never an address the client chose, and only once the decision is made.
 //! - [`relay`]: moving bytes once a connection is decided, until both sides end or neither has sent a
-//!   byte for the idle timeout.
+//!   byte for the idle timeout. [`guard`]: how shutdown and the idle timeout sit beside a connection's
+//!   work without being polled at every wake-up.
 //! - [`conn_log`]: the one `connection` event per connection and every `refused` event
 //!   (the contract is [`agent_sandbox_shared::logs`]); [`refusal`]: every text a refused client sees.
 //!
