@@ -290,7 +290,7 @@ pub(crate) fn load_inject(config: &ValidConfig) -> anyhow::Result<Option<Arc<Inj
 #[must_use]
 pub fn show(raw: &[u8]) -> String {
     // Every connection shows its name once. A name of printable ASCII that escaping leaves alone (no
-    // quote or backslash) is its own escape: copied, without the per-character escaping below.
+    // quote or backslash) is its own escape: copied, without [`escape_and_cut`]'s work per character.
     if raw
         .iter()
         .all(|&b| (b' '..=b'~').contains(&b) && !matches!(b, b'\\' | b'"' | b'\''))
@@ -302,6 +302,12 @@ pub fn show(raw: &[u8]) -> String {
         }
         return out;
     }
+    escape_and_cut(raw)
+}
+
+/// [`show`] for any bytes: each character escaped as `escape_debug` does, each byte of invalid UTF-8 as
+/// `\xNN`, cut after [`MAX_SHOWN_NAME`] bytes with `…`.
+fn escape_and_cut(raw: &[u8]) -> String {
     let mut out = String::new();
     for chunk in raw.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -354,28 +360,6 @@ mod tests {
         assert!(long.ends_with('…'));
     }
 
-    /// The escaping loop alone, as `show` was before its fast path for names escaping leaves alone.
-    fn show_escaping(raw: &[u8]) -> String {
-        let mut out = String::new();
-        for chunk in raw.utf8_chunks() {
-            for c in chunk.valid().chars() {
-                out.extend(c.escape_debug());
-            }
-            for b in chunk.invalid() {
-                out.push_str(&format!("\\x{b:02x}"));
-            }
-        }
-        if out.len() > MAX_SHOWN_NAME {
-            let mut cut = MAX_SHOWN_NAME;
-            while !out.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            out.truncate(cut);
-            out.push('…');
-        }
-        out
-    }
-
     #[test]
     fn show_fast_path_is_the_escaping() {
         let mut inputs: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
@@ -394,7 +378,7 @@ mod tests {
             inputs.push([&vec![b'x'; len][..], b"\\"].concat());
         }
         for raw in inputs {
-            assert_eq!(show(&raw), show_escaping(&raw), "{raw:?}");
+            assert_eq!(show(&raw), escape_and_cut(&raw), "{raw:?}");
         }
     }
 }
