@@ -28,11 +28,7 @@ floor=${FLOOR_BIN:-target/release/agent-sandbox-floor-relay}
 [ -n "${FLOOR_BIN:-}" ] || cargo build --release --locked -p agent-sandbox-floor-relay
 [ "$(id -u)" = 0 ] || { echo "benches/floor.sh needs root (network namespace)" >&2; exit 1; }
 # SO_REUSEPORT would let a relay left from an aborted run share the floor's addresses unseen.
-if ss -Hltn | awk '{print $4}' | grep -q '^127\.0\.6\.'; then
-    echo "something already listens on 127.0.6.x (left from an aborted run?):" >&2
-    ss -Hltnp | grep '127\.0\.6\.' >&2
-    exit 1
-fi
+refuse_if_listening 127.0.6.
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for tool in nginx dnsmasq wrk curl openssl unshare; do
     command -v "$tool" >/dev/null || { echo "missing $tool (make bench installs the tools)" >&2; exit 1; }

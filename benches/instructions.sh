@@ -37,12 +37,7 @@ fi
 for b in "${routers[@]}" "$floor"; do [ -x "$b" ] || { echo "not an executable: $b" >&2; exit 1; }; done
 # shellcheck source=benches/lib.sh
 . benches/lib.sh
-for a in 127.0.9.11:5353 127.0.9.12:443 127.0.9.12:80 127.0.9.12:5301 127.0.9.14:443 127.0.9.14:80; do
-    if ss -Hltun "( sport = :${a##*:} )" | grep -q "${a%:*}:${a##*:} "; then
-        echo "something already listens on $a: stop it first" >&2
-        exit 1
-    fi
-done
+refuse_if_listening 127.0.9.
 
 ns="asb-in-$$"
 veth="asbin$$"

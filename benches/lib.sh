@@ -209,3 +209,14 @@ summarise() {
 cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 # machine_desc: the machine for a report's first line.
 machine_desc() { echo "$(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), Linux $(uname -r)"; }
+# refuse_if_listening PREFIX: stops the script if anything listens, over TCP or UDP, on an address
+# starting with PREFIX (say "127.0.6."): left from an aborted run, it would share or take the addresses.
+refuse_if_listening() {
+    local found
+    found=$(ss -Hltunp | awk -v p="$1" 'index($5, p) == 1')
+    if [ -n "$found" ]; then
+        echo "something already listens on ${1}x (left from an aborted run?):" >&2
+        echo "$found" >&2
+        exit 1
+    fi
+}

@@ -252,16 +252,7 @@ fn copy_now(src: &TcpStream, dst: &TcpStream) -> io::Result<(usize, Option<Vec<u
         let mut buf = scratch.borrow_mut();
         buf.clear();
         let n = read_drain(src, &mut buf, COPY_BUF)?;
-        let mut sent = 0;
-        while sent < n {
-            match dst.try_write(&buf[sent..n]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(k) => sent += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let sent = write_now(dst, &buf[..n])?;
         Ok((n, (sent < n).then(|| buf[sent..n].to_vec())))
     })
 }
@@ -297,18 +288,30 @@ fn read_drain(src: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usiz
     }
 }
 
-/// Writes all of `data` to a shared stream.
-pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        match dst.try_write(data) {
+/// Writes as much of `data` to a shared stream as it takes without waiting; returns how much.
+fn write_now(dst: &TcpStream, data: &[u8]) -> io::Result<usize> {
+    let mut sent = 0;
+    while sent < data.len() {
+        match dst.try_write(&data[sent..]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => write_ready(dst).await?,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(sent)
+}
+
+/// Writes all of `data` to a shared stream.
+pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    loop {
+        data = &data[write_now(dst, data)?..];
+        if data.is_empty() {
+            return Ok(());
+        }
+        write_ready(dst).await?;
+    }
 }
 
 /// The first read of a connection's side: tried at once with recv(2), without waiting for the runtime,
