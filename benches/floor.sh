@@ -137,19 +137,6 @@ measures=(https_new https_new4 http_new https_keepalive https_new_cpu https_new4
     https_keepalive_cpu)
 declare -A result spread
 summarise
-# paired WHO MEASURE: the median of the per-round ratios WHO/nginx (the contenders ran in the same
-# rounds), with their lowest and highest: steadier than the ratio of the medians when rounds differ.
-paired() {
-    local -a a b
-    local i
-    read -r -a a <<<"${samples[$1,$2]:-}"
-    read -r -a b <<<"${samples[nginx,$2]:-}"
-    for i in "${!a[@]}"; do echo "${a[$i]} ${b[$i]:-0}"; done |
-        awk '$2 > 0 {printf "%.4f\n", $1 / $2}' | sort -n |
-        awk '{v[NR] = $1} END { if (NR == 0) { print "n/a"; exit }
-            m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-            printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
-}
 {
     echo "Machine: $(machine_desc);"
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($(sha256sum "$router" | cut -c1-12)), floor relay $(sha256sum "$floor" | cut -c1-12);"
@@ -170,7 +157,7 @@ paired() {
             http_new_cpu) label="proxy CPU per new HTTP connection (-c32), µs" ;;
             https_keepalive_cpu) label="proxy CPU per kept-alive HTTPS request, µs" ;;
         esac
-        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "floor,$m") | $(cell "floor_mt,$m") | $(paired router "$m") | $(paired router_mt "$m") | $(paired floor "$m") | $(paired floor_mt "$m") |"
+        echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "floor,$m") | $(cell "floor_mt,$m") | $(paired router nginx "$m") | $(paired router_mt nginx "$m") | $(paired floor nginx "$m") | $(paired floor_mt nginx "$m") |"
     done
     echo
     echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \

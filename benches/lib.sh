@@ -205,6 +205,29 @@ summarise() {
         spread[$key]=$(printf '%s\n' ${samples[$key]} | sort -n | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "–" hi}')
     done
 }
+# paired WHO BASE MEASURE: the median of the per-round ratios WHO/BASE of the caller's samples, with the
+# lowest and highest ("n/a" if either is missing). Both ran in the same rounds, so this is steadier than
+# the ratio of the medians when whole rounds are faster or slower. Sample lists of different lengths
+# cannot be paired round by round: "n/a (unpaired)".
+paired() {
+    local -a a b
+    local i
+    read -r -a a <<<"${samples[$1,$3]:-}"
+    read -r -a b <<<"${samples[$2,$3]:-}"
+    if [ "${#a[@]}" -eq 0 ] || [ "${#b[@]}" -eq 0 ]; then
+        echo "n/a"
+        return
+    fi
+    if [ "${#a[@]}" -ne "${#b[@]}" ]; then
+        echo "n/a (unpaired)"
+        return
+    fi
+    for i in "${!a[@]}"; do echo "${a[$i]} ${b[$i]}"; done |
+        awk '$2 > 0 {printf "%.4f\n", $1 / $2}' | sort -n |
+        awk '{v[NR] = $1} END { if (NR == 0) { print "n/a"; exit }
+            m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+            printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
+}
 # cell KEY: "median (lowest–highest)" of KEY after summarise.
 cell() { echo "${result[$1]:--} (${spread[$1]:--})"; }
 # machine_desc: the machine for a report's first line.

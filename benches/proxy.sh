@@ -167,6 +167,14 @@ proxy_pids_of() { # who -> the proxy's pids (none for direct)
         nginx) nginx_pids | sort -u ;;
     esac
 }
+# no_rate RATE WHO KEY: stops the run if wrk gave no rate: a missing sample would leave that contender
+# with fewer rounds than the others and shift the pairing of rounds in the report.
+no_rate() {
+    if [ -z "$1" ] || [ "$1" = 0 ]; then
+        { echo "wrk gave no rate ($2, $3):"; tail -20 "$work/wrk.all"; } >&2
+        exit 1
+    fi
+}
 # new_conns WHO IP SCHEME KEY [WRK_SHAPE...]: one run of new connections (wrk -t2 -c32 unless a shape is
 # given, Connection: close); records their rate, and per connection the proxy's CPU (all, and its system
 # part) and the whole machine's CPU.
@@ -178,6 +186,7 @@ new_conns() {
     s0=$(sys_ticks "${proxy_pids[@]}")
     m0=$(machine_ticks)
     rate=$(wrk_at "$ip" "$scheme://upstream.test/small" "$@" -d"${secs}s" -H 'Connection: close' | rps)
+    no_rate "$rate" "$who" "$key"
     c1=$(cpu_ticks "${proxy_pids[@]}")
     s1=$(sys_ticks "${proxy_pids[@]}")
     m1=$(machine_ticks)
@@ -222,7 +231,9 @@ for round in $(seq "$rounds"); do
             bulk socat "$ip" https bulk_tls
             continue
         fi
-        add "$who,https_keepalive" "$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)"
+        rate=$(wrk_at "$ip" https://upstream.test/small -t2 -c64 -d"${secs}s" | rps)
+        no_rate "$rate" "$who" https_keepalive
+        add "$who,https_keepalive" "$rate"
         mapfile -t proxy_pids < <(proxy_pids_of "$who")
         new_conns "$who" "$ip" https https_new
         # A session's load: a few connections at a time, where each wake-up carries one connection's step.
@@ -291,6 +302,34 @@ busy_router=$(measure_hold 127.0.1.1 "$router_pid")
 # shellcheck disable=SC2046
 busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
 
+# label_of MEASURE: its row label in the report.
+label_of() {
+    case $1 in
+        https_keepalive) echo "HTTPS requests/s, kept-alive (wrk -c64)" ;;
+        https_new) echo "new HTTPS connections/s (wrk -c32, Connection: close)" ;;
+        https_new4) echo "new HTTPS connections/s, four at a time (wrk -t1 -c4, Connection: close)" ;;
+        http_new) echo "new HTTP connections/s (wrk -c32, Connection: close)" ;;
+        bulk) echo "bulk 1 GiB over HTTP, MiB/s (curl)" ;;
+        bulk_tls) echo "bulk 1 GiB over HTTPS, MiB/s (curl)" ;;
+        https_new_cpu) echo "proxy CPU per new HTTPS connection, µs (lower is better)" ;;
+        https_new_sys) echo "… of which in the kernel (system time), µs" ;;
+        https_new4_cpu) echo "proxy CPU per new HTTPS connection, four at a time, µs (lower is better)" ;;
+        http_new_cpu) echo "proxy CPU per new HTTP connection, µs (lower is better)" ;;
+        http_new_sys) echo "… of which in the kernel (system time), µs" ;;
+        bulk_cpu) echo "proxy CPU per GiB relayed over HTTP, ms (lower is better)" ;;
+        bulk_tls_cpu) echo "proxy CPU per GiB relayed over HTTPS, ms (lower is better)" ;;
+        https_new_machine) echo "whole machine's CPU per new HTTPS connection, µs" ;;
+        https_new4_machine) echo "whole machine's CPU per new HTTPS connection, four at a time, µs" ;;
+        https_new4_busy) echo "cores busy during the new HTTPS connections run, four at a time (of $(nproc))" ;;
+        http_new_machine) echo "whole machine's CPU per new HTTP connection, µs" ;;
+        https_new_busy) echo "cores busy during the new HTTPS connections run (of $(nproc))" ;;
+        http_new_busy) echo "cores busy during the new HTTP connections run (of $(nproc))" ;;
+        bulk_machine) echo "whole machine's CPU per GiB over HTTP, ms" ;;
+        bulk_busy) echo "cores busy during the bulk transfer over HTTP (of $(nproc))" ;;
+        bulk_tls_machine) echo "whole machine's CPU per GiB over HTTPS, ms" ;;
+        bulk_tls_busy) echo "cores busy during the bulk transfer over HTTPS (of $(nproc))" ;;
+    esac
+}
 {
     echo "Machine: $(machine_desc);"
     echo "router $(git describe --always --dirty 2>/dev/null || echo unknown) ($router, $(sha256sum "$router" | cut -c1-12));"
@@ -307,34 +346,21 @@ busy_nginx=$(measure_hold 127.0.2.1 $(nginx_pids | sort -u) "$dnsmasq_pid")
     echo "| measure | router \`--threads 1\` | router (default threads) | nginx | direct | socat (bulk only) | router/nginx | router default/nginx | router/direct | socat/direct |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for m in "${measures[@]}"; do
-        case $m in
-            https_keepalive) label="HTTPS requests/s, kept-alive (wrk -c64)" ;;
-            https_new) label="new HTTPS connections/s (wrk -c32, Connection: close)" ;;
-            https_new4) label="new HTTPS connections/s, four at a time (wrk -t1 -c4, Connection: close)" ;;
-            http_new) label="new HTTP connections/s (wrk -c32, Connection: close)" ;;
-            bulk) label="bulk 1 GiB over HTTP, MiB/s (curl)" ;;
-            bulk_tls) label="bulk 1 GiB over HTTPS, MiB/s (curl)" ;;
-            https_new_cpu) label="proxy CPU per new HTTPS connection, µs (lower is better)" ;;
-            https_new_sys) label="… of which in the kernel (system time), µs" ;;
-            https_new4_cpu) label="proxy CPU per new HTTPS connection, four at a time, µs (lower is better)" ;;
-            http_new_cpu) label="proxy CPU per new HTTP connection, µs (lower is better)" ;;
-            http_new_sys) label="… of which in the kernel (system time), µs" ;;
-            bulk_cpu) label="proxy CPU per GiB relayed over HTTP, ms (lower is better)" ;;
-            bulk_tls_cpu) label="proxy CPU per GiB relayed over HTTPS, ms (lower is better)" ;;
-            https_new_machine) label="whole machine's CPU per new HTTPS connection, µs" ;;
-            https_new4_machine) label="whole machine's CPU per new HTTPS connection, four at a time, µs" ;;
-            https_new4_busy) label="cores busy during the new HTTPS connections run, four at a time (of $(nproc))" ;;
-            http_new_machine) label="whole machine's CPU per new HTTP connection, µs" ;;
-            https_new_busy) label="cores busy during the new HTTPS connections run (of $(nproc))" ;;
-            http_new_busy) label="cores busy during the new HTTP connections run (of $(nproc))" ;;
-            bulk_machine) label="whole machine's CPU per GiB over HTTP, ms" ;;
-            bulk_busy) label="cores busy during the bulk transfer over HTTP (of $(nproc))" ;;
-            bulk_tls_machine) label="whole machine's CPU per GiB over HTTPS, ms" ;;
-            bulk_tls_busy) label="cores busy during the bulk transfer over HTTPS (of $(nproc))" ;;
-        esac
+        label=$(label_of "$m")
         r=${result[router,$m]:--} t=${result[router_mt,$m]:--} n=${result[nginx,$m]:--} d=${result[direct,$m]:--}
         o=${result[socat,$m]:--}
         echo "| $label | $(cell "router,$m") | $(cell "router_mt,$m") | $(cell "nginx,$m") | $(cell "direct,$m") | $(cell "socat,$m") | $(ratio "$r" "$n") | $(ratio "$t" "$n") | $(ratio "$r" "$d") | $(ratio "$o" "$d") |"
+    done
+    echo
+    echo "The ratios above are ratios of the medians. Paired, the median of the per-round ratios (lowest–highest):"
+    echo "each contender's sample against the other's from the same round, so a round that was slower for"
+    echo "everyone moves both sides of its ratio."
+    echo
+    echo "| measure | router/nginx | router default/nginx | router/direct | router default/direct | socat/direct |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    for m in "${measures[@]}"; do
+        case $m in *_busy | *_machine) continue ;; esac
+        echo "| $(label_of "$m") | $(paired router nginx "$m") | $(paired router_mt nginx "$m") | $(paired router direct "$m") | $(paired router_mt direct "$m") | $(paired socat direct "$m") |"
     done
     echo
     echo "wrk's own error counts over every run (answers other than 2xx/3xx; socket errors):" \
