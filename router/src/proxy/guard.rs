@@ -39,9 +39,15 @@ impl Wake for StopWaker {
     fn wake_by_ref(self: &Arc<Self>) {
         // The flag first: the task this wakes must find it raised.
         self.woken.store(true, Ordering::Release);
-        let task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(task) = task.as_ref() {
-            task.wake_by_ref();
+        // Woken outside the lock: a waker that polls its task at once (some executors do) would
+        // otherwise find the lock held by its own wake-up.
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(task) = task {
+            task.wake();
         }
     }
 }
@@ -176,6 +182,56 @@ mod tests {
         });
         assert_eq!(Guarded::new(work, stop).await, Ended::Work(()));
         assert_eq!(polls.load(Ordering::Relaxed), 1);
+    }
+
+    /// A waker that counts its wake-ups.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn the_stop_wakes_the_waker_of_the_latest_poll() {
+        // A task's waker may differ from one poll to the next: the stop must wake the latest.
+        let token = CancellationToken::new();
+        let (work, stop) = (pin!(std::future::pending::<()>()), pin!(token.cancelled()));
+        let mut guarded = Guarded::new(work, stop);
+        let (first, latest) = (
+            Arc::new(Count(AtomicUsize::new(0))),
+            Arc::new(Count(AtomicUsize::new(0))),
+        );
+        for waker in [&first, &latest] {
+            let waker = Waker::from(Arc::clone(waker));
+            let poll = Pin::new(&mut guarded).poll(&mut Context::from_waker(&waker));
+            assert!(poll.is_pending());
+        }
+        token.cancel();
+        assert_eq!(first.0.load(Ordering::Relaxed), 0);
+        assert_eq!(latest.0.load(Ordering::Relaxed), 1);
+        let waker = Waker::from(latest);
+        let poll = Pin::new(&mut guarded).poll(&mut Context::from_waker(&waker));
+        assert_eq!(poll, Poll::Ready(Ended::Stop(())));
+    }
+
+    #[test]
+    fn nothing_holds_the_task_once_the_guard_is_gone() {
+        // The stop's waker holds the task's waker; dropping the guard (and so the stop) must let go.
+        let token = CancellationToken::new();
+        let task = Arc::new(Count(AtomicUsize::new(0)));
+        {
+            let (work, stop) = (pin!(std::future::pending::<()>()), pin!(token.cancelled()));
+            let mut guarded = Guarded::new(work, stop);
+            let waker = Waker::from(Arc::clone(&task));
+            assert!(Pin::new(&mut guarded)
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+        }
+        assert_eq!(Arc::strong_count(&task), 1);
+        token.cancel();
+        assert_eq!(task.0.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test(start_paused = true)]

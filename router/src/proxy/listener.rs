@@ -106,7 +106,7 @@ impl Proxy {
             // Debug level: the events a connection logs at info carry client and listener themselves,
             // and an enabled span costs work at every poll of every connection.
             let span = tracing::debug_span!("conn", client = %peer, listener = kind.as_str());
-            // Boxed at once: a connection's future is several KiB and the wrappers below (the select,
+            // Boxed at once: a connection's future is several KiB and the wrappers below (the `Guarded`,
             // the span, the task cell) each move what they wrap, so unboxed it was copied whole at each
             // step (measured in BENCHMARKS.md, issue 18). Moving a box moves a pointer.
             let work = Box::pin(handler(Arc::clone(&self), stream, peer));

@@ -424,7 +424,7 @@ pub(crate) async fn relay(
 }
 
 /// Resolves once no byte has moved in either direction (the `up` and `down` counters a relay advances)
-/// for `limit`; a relay `select!`s on it to close idle connections. It looks every quarter of `limit`,
+/// for `limit`; a connection runs its relay beside it (`Proxy::until_idle`) to close idle connections. It looks every quarter of `limit`,
 /// so it resolves between `limit` and 1.25 × `limit` after the last byte, and an active connection
 /// costs one timer wake-up per quarter: nothing per byte.
 pub(crate) async fn idle(up: &AtomicU64, down: &AtomicU64, limit: Duration) {
