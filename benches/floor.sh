@@ -112,11 +112,7 @@ run() {
     c0=$(cpu_ticks "${p[@]}")
     rate=$(wrk_at "${target[$who]}" "$scheme://upstream.test/small" "$@" -d"${secs}s" | rps)
     c1=$(cpu_ticks "${p[@]}")
-    # A missing sample would shift the pairing of rounds in the report: stop instead.
-    if [ -z "$rate" ] || [ "$rate" = 0 ]; then
-        { echo "wrk gave no rate ($who, $key):"; tail -20 "$work/wrk.all"; } >&2
-        exit 1
-    fi
+    no_rate "$rate" "$who" "$key"
     add "$who,$key" "$rate"
     add "$who,${key}_cpu" "$(awk -v t="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v r="$rate" -v s="$secs" \
         'BEGIN { if (r > 0) printf "%.0f", t / hz * 1e6 / (r * s) }')"

@@ -188,6 +188,15 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f",
 # rps: requests/s from wrk's output on stdin, rounded; the whole output is appended to $work/wrk.all, so
 # the errors wrk reports can be summed in the report (wrk_errors).
 rps() { tee -a "$work/wrk.all" | awk '/^Requests\/sec:/ {printf "%.0f", $2}'; }
+# no_rate RATE WHO KEY: stops the run if wrk gave no rate (its last output in $work/wrk.all shown): a
+# missing sample would leave that contender with fewer rounds than the others and shift the pairing of
+# rounds in the report (paired).
+no_rate() {
+    if [ -z "$1" ] || [ "$1" = 0 ]; then
+        { echo "wrk gave no rate ($2, $3):"; tail -20 "$work/wrk.all"; } >&2
+        exit 1
+    fi
+}
 # wrk_errors FILE: wrk's error counts summed over every run whose output is in FILE.
 wrk_errors() {
     awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(",", ""); c += $4; r += $6; w += $8; t += $10}

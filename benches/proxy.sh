@@ -167,14 +167,6 @@ proxy_pids_of() { # who -> the proxy's pids (none for direct)
         nginx) nginx_pids | sort -u ;;
     esac
 }
-# no_rate RATE WHO KEY: stops the run if wrk gave no rate: a missing sample would leave that contender
-# with fewer rounds than the others and shift the pairing of rounds in the report.
-no_rate() {
-    if [ -z "$1" ] || [ "$1" = 0 ]; then
-        { echo "wrk gave no rate ($2, $3):"; tail -20 "$work/wrk.all"; } >&2
-        exit 1
-    fi
-}
 # new_conns WHO IP SCHEME KEY [WRK_SHAPE...]: one run of new connections (wrk -t2 -c32 unless a shape is
 # given, Connection: close); records their rate, and per connection the proxy's CPU (all, and its system
 # part) and the whole machine's CPU.
