@@ -20,12 +20,19 @@ use tokio::net::TcpStream;
 /// Pipe capacity asked for; the default (64 KiB) is used if the kernel refuses.
 const PIPE_SIZE: libc::c_int = 256 * 1024;
 
-/// User-space copy buffer.
+/// User-space copy buffer: the most one read takes while data comes in messages.
 const COPY_BUF: usize = 16 * 1024;
 
 /// Back-to-back full reads of [`COPY_BUF`] after which a direction is carrying bulk data and switches
 /// to splice(2): 64 KiB arriving faster than it is read.
 const BULK_STREAK: u32 = 4;
+
+/// The most one read takes once a direction that cannot splice carries bulk data: relaying 1 GiB over
+/// HTTP without splice cost the router 1,610 ms of CPU through 16 KiB reads and 820 ms through reads
+/// this size (BENCHMARKS.md, issue 18). The reads go through the thread's buffer (see [`copy_now`]); a
+/// connection holds a buffer of its own only for what its destination did not take at once, up to
+/// this size, as much as a pipe of the splice path holds.
+const BULK_COPY: usize = 256 * 1024;
 
 /// A splice(2) that moves less than this is a small message: for those, the pipe's two system calls
 /// (and the read that finds it empty) cost more than one copy through user space.
@@ -194,9 +201,11 @@ async fn pump_splice(
     }
 }
 
-/// Copies until `src` ends (`true`) or, when `to_bulk`, until [`BULK_STREAK`] reads in a row filled the
-/// buffer (`false`). A relay holds a buffer of its own only while `dst` makes it wait (see [`copy_now`]),
-/// so an idle relay holds none.
+/// Copies until `src` ends (`true`) or, when `to_bulk`, until [`BULK_STREAK`] reads in a row filled
+/// [`COPY_BUF`] (`false`: the caller splices from there). Without `to_bulk` (no splice) such a streak
+/// makes the reads [`BULK_COPY`] large instead, until [`SMALL_STREAK`] reads in a row come back under
+/// [`COPY_BUF`] (the data comes in messages again). A relay holds a buffer of its own only while `dst`
+/// makes it wait (see [`copy_now`]), so an idle relay holds none.
 async fn pump_copy(
     src: &TcpStream,
     dst: &TcpStream,
@@ -204,10 +213,18 @@ async fn pump_copy(
     to_bulk: bool,
 ) -> io::Result<(u64, bool)> {
     let mut total = 0u64;
-    let mut full = 0u32;
-    while !(to_bulk && full >= BULK_STREAK) {
+    // Reads in a row of at least COPY_BUF, and (while reads are BULK_COPY large) under it.
+    let (mut full, mut small) = (0u32, 0u32);
+    let mut max = COPY_BUF;
+    loop {
+        if full >= BULK_STREAK && max == COPY_BUF {
+            if to_bulk {
+                return Ok((total, false));
+            }
+            max = BULK_COPY;
+        }
         read_ready(src).await?;
-        let (n, unsent) = match copy_now(src, dst) {
+        let (n, unsent) = match copy_now(src, dst, max) {
             Ok(copied) => copied,
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
@@ -222,8 +239,13 @@ async fn pump_copy(
         }
         if n < COPY_BUF {
             full = 0;
+            small += 1;
+            if small >= SMALL_STREAK {
+                max = COPY_BUF;
+            }
         } else {
             full += 1;
+            small = 0;
         }
         if let Some(rest) = unsent {
             write_all(dst, &rest).await?;
@@ -231,7 +253,6 @@ async fn pump_copy(
         total += n as u64;
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
-    Ok((total, false))
 }
 
 thread_local! {
@@ -240,18 +261,20 @@ thread_local! {
     static COPY_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One read from `src` (as [`read_drain`]) and, at once, as much of it written to `dst` as `dst` takes
-/// without waiting. Returns the bytes read (0: end of stream) and what `dst` did not take, which the
-/// caller writes once `dst` is writable: only then does a relay hold a buffer of its own.
+/// One read of at most `max` bytes from `src` (as [`read_drain`]) and, at once, as much of it written
+/// to `dst` as `dst` takes without waiting. Returns the bytes read (0: end of stream) and what `dst` did
+/// not take, which the caller writes once `dst` is writable: only then does a relay hold a buffer of its
+/// own, of at most `max` bytes.
 ///
 /// The bytes go through one buffer per thread instead of one taken from and given back to the
-/// allocator per message (a kept-alive exchange's requests and responses each take one read).
-fn copy_now(src: &TcpStream, dst: &TcpStream) -> io::Result<(usize, Option<Vec<u8>>)> {
+/// allocator per message (a kept-alive exchange's requests and responses each take one read). It keeps
+/// the largest size asked of it: [`BULK_COPY`] once the thread has copied bulk data.
+fn copy_now(src: &TcpStream, dst: &TcpStream, max: usize) -> io::Result<(usize, Option<Vec<u8>>)> {
     COPY_SCRATCH.with(|scratch| {
         // Nothing here waits, so nothing else on this thread can be holding the buffer.
         let mut buf = scratch.borrow_mut();
         buf.clear();
-        let n = read_drain(src, &mut buf, COPY_BUF)?;
+        let n = read_drain(src, &mut buf, max)?;
         let sent = write_now(dst, &buf[..n])?;
         Ok((n, (sent < n).then(|| buf[sent..n].to_vec())))
     })

@@ -326,6 +326,11 @@ impl RouterProc {
     /// Starts the router in `lab`'s R with `toml` plus loopback listeners on port 0, and waits for its
     /// "listening on" lines.
     pub fn start(lab: &Lab, toml: &str) -> RouterProc {
+        RouterProc::start_with_env(lab, toml, &[])
+    }
+
+    /// [`RouterProc::start`] with `env` added to the router's environment.
+    pub fn start_with_env(lab: &Lab, toml: &str, env: &[(&str, &str)]) -> RouterProc {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "asl-{}-{}",
@@ -344,6 +349,7 @@ impl RouterProc {
             .arg(env!("CARGO_BIN_EXE_agent-sandbox-router"))
             .args(["--config", config.to_str().unwrap(), "--log-format", "json"])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
