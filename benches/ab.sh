@@ -71,7 +71,7 @@ add() { samples[$1]+="$2 "; }
 for _ in $(seq "$rounds"); do
     for which in 0 1; do
         bin=${bins[$which]}
-        "$bin" --allowlist "$work/allowed-hosts" --answer 127.0.1.12 --dns 127.0.1.12:5301 \
+        "$bin" --allowlist "$work/allowed-hosts" --log-format json --answer 127.0.1.12 --dns 127.0.1.12:5301 \
             --http 127.0.1.12:80 --https 127.0.1.12:443 --resolver 127.0.3.11:5353 \
             --max-connections 20000 --threads 1 2>"$work/router.log" &
         pid=$!

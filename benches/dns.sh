@@ -30,13 +30,13 @@ LIST
     done
 } >"$work/queries"
 
-"$router" --allowlist "$work/allowed-hosts" --answer 10.9.8.7 --dns 127.0.1.1:5301 \
+"$router" --allowlist "$work/allowed-hosts" --log-format json --answer 10.9.8.7 --dns 127.0.1.1:5301 \
     --http 127.0.1.1:18080 --https 127.0.1.1:18443 --forward db.example.com:5432=127.0.1.1:15432 \
     --threads 1 2>"$work/router.log" &
 pids+=($!)
 router_pid=$!
 # The same router with its default worker count (one per core).
-"$router" --allowlist "$work/allowed-hosts" --answer 10.9.8.7 --dns 127.0.1.3:5301 \
+"$router" --allowlist "$work/allowed-hosts" --log-format json --answer 10.9.8.7 --dns 127.0.1.3:5301 \
     --http 127.0.1.3:18080 --https 127.0.1.3:18443 --forward db.example.com:5432=127.0.1.3:15432 \
     2>"$work/router2.log" &
 pids+=($!)

@@ -67,7 +67,7 @@ declare -A proc
 router_at() { # who ip resolver [router args...]
     local who=$1 ip=$2 resolver=$3
     shift 3
-    setsid "$router" --allowlist "$work/allowed-hosts" --answer "$ip" --dns "$ip:5301" --http "$ip:80" \
+    setsid "$router" --allowlist "$work/allowed-hosts" --log-format json --answer "$ip" --dns "$ip:5301" --http "$ip:80" \
         --https "$ip:443" --resolver "$resolver:5353" --max-connections 20000 "$@" \
         >/dev/null 2>"$work/router-$ip.log" &
     pids+=($!)

@@ -118,7 +118,7 @@ i=0
 for r in "${routers[@]}"; do
     who=router$i
     whos+=("$who")
-    start "$who" 127.0.9.12 "$r" --allowlist "$work/allowed-hosts" --answer 127.0.9.12 \
+    start "$who" 127.0.9.12 "$r" --allowlist "$work/allowed-hosts" --log-format json --answer 127.0.9.12 \
         --dns 127.0.9.12:5301 --http 127.0.9.12:80 --https 127.0.9.12:443 \
         --resolver 127.0.9.11:5353 --threads 1
     measure "$who" 127.0.9.12 "$pid"

@@ -2,6 +2,9 @@
 # Set-up and measuring helpers shared by the benches that run an upstream in a network namespace of their
 # own (ab.sh, floor.sh, proxy.sh, reload.sh, soak.sh). Sourced, not run. bench_cleanup, the callers' EXIT
 # trap, removes what the set-up functions made; the rest only create, or only read.
+#
+# Every bench runs the router with `--log-format json`, as the launcher and the Kubernetes deployment
+# do: each connection writes a log line, and the two formats do not cost the same (BENCHMARKS.md).
 
 # bench_cleanup: kills the caller's background processes ($pids) and every nginx whose pid file is in
 # $work, removes the veth pair $veth and the namespace $ns, then $work. Each step tolerates what is not

@@ -71,13 +71,13 @@ printf 'upstream.test\n' >"$work/allowed-hosts"
 # Each router runs in a session of its own (setsid), as nginx does once it daemonizes: with the kernel's
 # autogroup scheduling a session is a scheduling group, and a router left in this script's session would
 # share one with wrk's busy threads while nginx has its own. (Not shown to change the figures: BENCHMARKS.md.)
-setsid "$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
+setsid "$router" --allowlist "$work/allowed-hosts" --log-format json --answer 127.0.1.1 --dns 127.0.1.1:5301 \
     --http 127.0.1.1:80 --https 127.0.1.1:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
     --threads 1 2>"$work/router.log" &
 pids+=($!)
 router_pid=$!
 # The same router with its default worker count (one per core), to pick the default by measurement.
-setsid "$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.2 --dns 127.0.1.2:5301 \
+setsid "$router" --allowlist "$work/allowed-hosts" --log-format json --answer 127.0.1.2 --dns 127.0.1.2:5301 \
     --http 127.0.1.2:80 --https 127.0.1.2:443 --resolver 127.0.3.1:5353 --max-connections 20000 \
     2>"$work/router2.log" &
 pids+=($!)

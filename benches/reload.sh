@@ -51,7 +51,7 @@ write_allowlist() { # generation
 }
 write_allowlist 0
 admin=127.0.1.1:9901
-"$router" --allowlist "$work/allowed-hosts" --answer 127.0.1.1 --dns 127.0.1.1:5301 \
+"$router" --allowlist "$work/allowed-hosts" --log-format json --answer 127.0.1.1 --dns 127.0.1.1:5301 \
     --http 127.0.1.1:18080 --https 127.0.1.1:443 --resolver 127.0.3.1:5353 --admin "$admin" \
     ${ROUTER_THREADS:+--threads "$ROUTER_THREADS"} 2>"$work/router.log" &
 pids+=($!)

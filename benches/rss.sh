@@ -97,7 +97,7 @@ else
 fi
 [ -z "${ROUTER_THREADS:-}" ] || extra+=(--threads "$ROUTER_THREADS")
 start_router() {
-    ip netns exec "$srv" "$router" --allowlist "$work/allowed-hosts" --answer 198.18.0.1 \
+    ip netns exec "$srv" "$router" --allowlist "$work/allowed-hosts" --log-format json --answer 198.18.0.1 \
         --dns 198.18.0.1:53 --http 198.18.0.1:80 --https 198.18.0.1:443 --resolver 127.0.0.1:5353 \
         --max-connections "$max" --peek-timeout 600 "${extra[@]}" 2>>"$work/router.log" &
     router_pid=$!

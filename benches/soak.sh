@@ -99,7 +99,7 @@ write_allowlist 0
 admin=127.0.7.1:9901
 peek=5
 # --idle-timeout 5: the silent upstream's relay is closed by the router within a bound, not by the client.
-"$router" --allowlist "$work/allowed-hosts" --answer 127.0.7.1 --dns 127.0.7.1:5301 \
+"$router" --allowlist "$work/allowed-hosts" --log-format json --answer 127.0.7.1 --dns 127.0.7.1:5301 \
     --http 127.0.7.1:80 --https 127.0.7.1:443 --forward upstream.test:8080=127.0.7.1:8080 \
     --resolver 127.0.7.2:5353 --admin "$admin" --peek-timeout "$peek" --idle-timeout 5 \
     --threads "${ROUTER_THREADS:-1}" 2>"$work/router.log" &

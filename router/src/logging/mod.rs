@@ -19,6 +19,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
+mod json;
+
+pub use json::JsonLine;
+
 /// The default filter: our decisions at info, dependencies' chatter off.
 const DEFAULT_FILTER: &str = "info,hickory_proto=warn,hickory_resolver=warn,hickory_net=warn";
 
@@ -34,7 +38,7 @@ pub fn init(format: LogFormat) {
         .with_target(false);
     let result = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(false).try_init(),
+        LogFormat::Json => builder.json().event_format(JsonLine::new()).try_init(),
     };
     // A second init (tests calling in-process) keeps the first subscriber.
     let _ = result;
