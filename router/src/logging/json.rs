@@ -7,7 +7,9 @@
 //! escaping and the map machinery cost about 7,000 user-space instructions per connection line, a
 //! seventh of a new connection's (BENCHMARKS.md, issue 18). Here each value is escaped as it is written,
 //! with serde_json's escapes. An event inside an enabled span (`RUST_LOG=debug`) goes to
-//! tracing-subscriber's own JSON format, which also writes the span's fields.
+//! tracing-subscriber's own JSON format, which also writes the span's fields. One difference on
+//! purpose: a field value whose `Debug` fails keeps what it wrote, where tracing-subscriber's format
+//! panics (no value the router logs does that).
 
 use std::fmt::{self, Write as _};
 
@@ -127,7 +129,9 @@ impl Visit for Fields<'_, '_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.member(field, |out| {
             out.write_char('"')?;
-            write!(Escaped(&mut *out), "{value:?}")?;
+            // The line is a `String`, so only the value's own `Debug` can fail: what it wrote stays,
+            // and the line stays JSON (tracing-subscriber's format panics there instead).
+            let _ = write!(Escaped(&mut *out), "{value:?}");
             out.write_char('"')
         });
     }
@@ -342,6 +346,33 @@ mod tests {
         });
         assert_eq!(ours, stock);
         assert!(stock.contains("\"spans\":["), "{stock}");
+    }
+
+    /// A value whose `Debug` fails keeps what it wrote, and the line stays JSON with the other fields.
+    #[test]
+    fn a_failing_debug_value_leaves_a_json_line() {
+        struct Fails;
+        impl fmt::Debug for Fails {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("part\"ial")?;
+                Err(fmt::Error)
+            }
+        }
+        let lines = Lines::default();
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .json()
+            .event_format(JsonLine::new())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(v = ?Fails, after = 1u64, "failing debug");
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim_end()).expect(&text);
+        assert_eq!(line["fields"]["v"], "part\"ial");
+        assert_eq!(line["fields"]["after"], 1);
+        assert_eq!(line["fields"]["message"], "failing debug");
     }
 
     /// The escaping holds when the text arrives in pieces, as `Debug` output does.

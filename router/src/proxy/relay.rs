@@ -11,7 +11,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::Interest;
@@ -30,15 +30,44 @@ const BULK_STREAK: u32 = 4;
 /// The most one read takes once a direction that cannot splice carries bulk data: relaying 1 GiB over
 /// HTTP without splice cost the router 1,610 ms of CPU through 16 KiB reads and 820 ms through reads
 /// this size (BENCHMARKS.md, issue 18). The reads go through the thread's buffer (see [`copy_now`]); a
-/// connection holds a buffer of its own only for what its destination did not take at once, up to
-/// this size, as much as a pipe of the splice path holds.
+/// direction holds a buffer of its own only for what its destination did not take at once, and
+/// more than [`COPY_BUF`] of that only within [`BULK_HELD_BUDGET`].
 const BULK_COPY: usize = 256 * 1024;
+
+/// The most the whole process holds, across connections, in leftovers larger than [`COPY_BUF`] (what a
+/// destination did not take of a [`BULK_COPY`] read). Past it, bulk directions read [`COPY_BUF`] at a
+/// time, so clients that stop reading cannot make the router hold 256 KiB per direction each: with
+/// this budget, a direction's worst case stays what it was with 16 KiB reads, plus a share of 8 MiB
+/// for the process. Checked before each read, so concurrent workers can overshoot it by one read each.
+const BULK_HELD_BUDGET: usize = 8 * 1024 * 1024;
+
+/// Bytes held now in leftovers larger than [`COPY_BUF`] (see [`BULK_HELD_BUDGET`]).
+static BULK_HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// A leftover's share of [`BULK_HELD`], given back when dropped (written out, failed or cancelled).
+struct Held(usize);
+
+impl Held {
+    fn new(len: usize) -> Held {
+        let len = if len > COPY_BUF { len } else { 0 };
+        BULK_HELD.fetch_add(len, Ordering::Relaxed);
+        Held(len)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        BULK_HELD.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
 
 /// A splice(2) that moves less than this is a small message: for those, the pipe's two system calls
 /// (and the read that finds it empty) cost more than one copy through user space.
 const SMALL_SPLICE: usize = 16 * 1024;
 
-/// Back-to-back small splices after which a direction goes back to copying (and closes its pipe).
+/// Back-to-back small splices after which a direction goes back to copying (and closes its pipe); and
+/// back-to-back reads under [`COPY_BUF`] after which a direction that copies bulk data goes back to
+/// reads of that size.
 const SMALL_STREAK: u32 = 4;
 
 /// A pipe for splice(2), closed on drop.
@@ -128,7 +157,8 @@ pub(crate) fn shutdown_write(stream: &TcpStream) {
 /// only for bulk data. When [`BULK_STREAK`] reads in a row fill the buffer, the direction switches to
 /// splice(2); when [`SMALL_STREAK`] splices in a row move less than [`SMALL_SPLICE`], it goes back to
 /// copying and closes the pipe. (A fixed switch after the first 64 KiB put every long-lived kept-alive
-/// connection on the splice path: 0.64x nginx's kept-alive requests/s.)
+/// connection on the splice path: 0.64x nginx's kept-alive requests/s.) Without splice, the same streak
+/// makes the copy's reads [`BULK_COPY`] large instead (see [`pump_copy`]).
 pub(crate) async fn pump(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
     let splice = splice_enabled();
     let mut total = 0u64;
@@ -204,8 +234,14 @@ async fn pump_splice(
 /// Copies until `src` ends (`true`) or, when `to_bulk`, until [`BULK_STREAK`] reads in a row filled
 /// [`COPY_BUF`] (`false`: the caller splices from there). Without `to_bulk` (no splice) such a streak
 /// makes the reads [`BULK_COPY`] large instead, until [`SMALL_STREAK`] reads in a row come back under
-/// [`COPY_BUF`] (the data comes in messages again). A relay holds a buffer of its own only while `dst`
-/// makes it wait (see [`copy_now`]), so an idle relay holds none.
+/// [`COPY_BUF`] (the data comes in messages again), and while [`BULK_HELD_BUDGET`] is spent. A relay
+/// holds a buffer of its own only while `dst` makes it wait (see [`copy_now`]), so an idle relay holds
+/// none. `counter` grows with every write, partial ones included, so a slow reader's progress keeps
+/// the connection from counting as idle.
+///
+/// A poll moves at most one read's worth before the next wait, and tokio's per-task budget makes a
+/// relay whose two ends never make it wait yield after 128 of them (32 MiB at 256 KiB a read; the
+/// splice path moves similar amounts).
 async fn pump_copy(
     src: &TcpStream,
     dst: &TcpStream,
@@ -217,14 +253,16 @@ async fn pump_copy(
     let (mut full, mut small) = (0u32, 0u32);
     let mut max = COPY_BUF;
     loop {
-        if full >= BULK_STREAK && max == COPY_BUF {
-            if to_bulk {
-                return Ok((total, false));
-            }
-            max = BULK_COPY;
+        if full >= BULK_STREAK && max == COPY_BUF && to_bulk {
+            return Ok((total, false));
         }
         read_ready(src).await?;
-        let (n, unsent) = match copy_now(src, dst, max) {
+        let size = if max == BULK_COPY && BULK_HELD.load(Ordering::Relaxed) >= BULK_HELD_BUDGET {
+            COPY_BUF
+        } else {
+            max
+        };
+        let (n, unsent) = match copy_now(src, dst, size) {
             Ok(copied) => copied,
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
@@ -239,19 +277,24 @@ async fn pump_copy(
         }
         if n < COPY_BUF {
             full = 0;
-            small += 1;
+            small = small.saturating_add(1);
             if small >= SMALL_STREAK {
                 max = COPY_BUF;
             }
         } else {
-            full += 1;
+            full = full.saturating_add(1);
             small = 0;
+            if full >= BULK_STREAK && !to_bulk {
+                max = BULK_COPY;
+            }
         }
-        if let Some(rest) = unsent {
-            write_all(dst, &rest).await?;
+        let rest = unsent.as_deref().unwrap_or_default();
+        counter.fetch_add((n - rest.len()) as u64, Ordering::Relaxed);
+        if !rest.is_empty() {
+            let _held = Held::new(rest.len());
+            write_all_counted(dst, rest, Some(counter)).await?;
         }
         total += n as u64;
-        counter.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
@@ -327,9 +370,22 @@ fn write_now(dst: &TcpStream, data: &[u8]) -> io::Result<usize> {
 }
 
 /// Writes all of `data` to a shared stream.
-pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+pub(crate) async fn write_all(dst: &TcpStream, data: &[u8]) -> io::Result<()> {
+    write_all_counted(dst, data, None).await
+}
+
+/// [`write_all`], adding what each write sends to `counter`.
+async fn write_all_counted(
+    dst: &TcpStream,
+    mut data: &[u8],
+    counter: Option<&AtomicU64>,
+) -> io::Result<()> {
     loop {
-        data = &data[write_now(dst, data)?..];
+        let sent = write_now(dst, data)?;
+        if let Some(counter) = counter {
+            counter.fetch_add(sent as u64, Ordering::Relaxed);
+        }
+        data = &data[sent..];
         if data.is_empty() {
             return Ok(());
         }
@@ -474,6 +530,111 @@ pub(crate) async fn idle(up: &AtomicU64, down: &AtomicU64, limit: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+
+    /// The tests that use [`BULK_HELD`], which the whole process shares, one at a time.
+    static BULK_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// Two loopback connections: `feed` writes into `src`, and `dst` writes to `out`; `dst`'s send
+    /// buffer and `out`'s receive buffer small, so a relay to a slow `out` must wait early.
+    async fn relay_ends() -> (TcpStream, TcpStream, TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let feed = TcpStream::connect(addr).await.unwrap();
+        let (src, _) = listener.accept().await.unwrap();
+        let out = tokio::net::TcpSocket::new_v4().unwrap();
+        out.set_recv_buffer_size(32 * 1024).unwrap();
+        let out = out.connect(addr).await.unwrap();
+        let (dst, _) = listener.accept().await.unwrap();
+        socket2::SockRef::from(&dst)
+            .set_send_buffer_size(32 * 1024)
+            .unwrap();
+        (feed, src, dst, out)
+    }
+
+    /// A bulk direction copying to a slow reader: each write that the reader makes room for counts as
+    /// progress, so the idle timeout does not close a connection that is still moving bytes (before,
+    /// the counter moved only once a whole leftover of up to 256 KiB was out).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_reader_of_a_bulk_copy_is_not_idle() {
+        let _one = BULK_TESTS.lock().await;
+        let (mut feed, src, dst, mut out) = relay_ends().await;
+        let feeding = tokio::spawn(async move {
+            let chunk = vec![7u8; 64 * 1024];
+            while feed.write_all(&chunk).await.is_ok() {}
+        });
+        // About 50 KiB/s: a 256 KiB leftover would take five seconds to go out.
+        let reading = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if matches!(out.read(&mut buf).await, Ok(0) | Err(_)) {
+                    break;
+                }
+            }
+        });
+        let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+        let limit = Duration::from_secs(1);
+        let outcome = tokio::select! {
+            r = pump_copy(&src, &dst, &down, false) => format!("the relay ended: {r:?}"),
+            () = idle(&up, &down, limit) => format!("idle with {} bytes out", down.load(Ordering::Relaxed)),
+            () = tokio::time::sleep(limit * 3) => String::from("busy"),
+        };
+        feeding.abort();
+        reading.abort();
+        assert_eq!(outcome, "busy");
+        assert_eq!(
+            BULK_HELD.load(Ordering::Relaxed),
+            0,
+            "a cancelled relay gave its share back"
+        );
+    }
+
+    /// Clients that stop reading cannot make the process hold more than [`BULK_HELD_BUDGET`] (plus one
+    /// read) in leftovers of bulk reads: past it, directions read 16 KiB at a time. Cancelled relays
+    /// give their share back.
+    #[tokio::test(flavor = "current_thread")]
+    async fn stalled_bulk_copies_stay_within_the_budget() {
+        let _one = BULK_TESTS.lock().await;
+        let mut tasks = tokio::task::JoinSet::new();
+        // More stalled directions than the budget has room for at the smallest leftover that counts.
+        for _ in 0..BULK_HELD_BUDGET / COPY_BUF / 4 {
+            let (mut feed, src, dst, out) = relay_ends().await;
+            tasks.spawn(async move {
+                let chunk = vec![7u8; 256 * 1024];
+                while feed.write_all(&chunk).await.is_ok() {}
+            });
+            tasks.spawn(async move {
+                let _ = pump_copy(&src, &dst, &AtomicU64::new(0), false).await;
+                drop(out);
+            });
+            tokio::task::yield_now().await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = BULK_HELD.load(Ordering::Relaxed);
+            assert!(now < BULK_HELD_BUDGET + BULK_COPY, "{now} bytes held");
+            if now >= BULK_HELD_BUDGET {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the stalled relays held only {now} bytes: the test did not reach the budget"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Every relay gets its turns after the budget is spent, and none adds to it.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+            let now = BULK_HELD.load(Ordering::Relaxed);
+            assert!(now < BULK_HELD_BUDGET + BULK_COPY, "{now} bytes held");
+        }
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(BULK_HELD.load(Ordering::Relaxed), 0);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn idle_resolves_after_quiet_and_not_while_bytes_move() {
