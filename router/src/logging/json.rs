@@ -14,7 +14,7 @@
 use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{Format, Json, Writer};
 use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -70,12 +70,11 @@ where
         if in_span {
             return self.stock.format_event(ctx, writer, event);
         }
-        let mut timestamp = String::with_capacity(32);
-        Clock.format_time(&mut Writer::new(&mut timestamp))?;
-        writer.write_str("{\"timestamp\":")?;
-        write_string(&mut writer, &timestamp)?;
-        writer.write_str(",\"level\":\"")?;
-        writer.write_str(level(*event.metadata().level()))?;
+        writer.write_str("{\"timestamp\":\"")?;
+        Clock.format_time(&mut Writer::new(&mut Escaped(&mut writer)))?;
+        writer.write_str("\",\"level\":\"")?;
+        // What tracing-serde writes for a level.
+        writer.write_str(event.metadata().level().as_str())?;
         writer.write_str("\",\"fields\":{")?;
         let mut fields = Fields {
             out: &mut writer,
@@ -85,17 +84,6 @@ where
         event.record(&mut fields);
         fields.result?;
         writer.write_str("}}\n")
-    }
-}
-
-/// What tracing-serde writes for a level.
-fn level(level: Level) -> &'static str {
-    match level {
-        Level::ERROR => "ERROR",
-        Level::WARN => "WARN",
-        Level::INFO => "INFO",
-        Level::DEBUG => "DEBUG",
-        Level::TRACE => "TRACE",
     }
 }
 

@@ -253,7 +253,7 @@ async fn pump_copy(
     let (mut full, mut small) = (0u32, 0u32);
     let mut max = COPY_BUF;
     loop {
-        if full >= BULK_STREAK && max == COPY_BUF && to_bulk {
+        if to_bulk && full >= BULK_STREAK {
             return Ok((total, false));
         }
         read_ready(src).await?;
