@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::metrics::Metrics;
+use crate::metrics::{process, Metrics};
 
 /// Largest request head read; a longer one gets 431.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -142,7 +142,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
 /// One connection: read a request head, answer it, close.
 async fn handle(mut stream: TcpStream, state: &AdminState) {
     let response = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Ok(Ok(head)) => respond(&head, state),
+        Ok(Ok(head)) => with_process_metrics(respond(&head, state)).await,
         Ok(Err(HeadError::TooLarge)) => Response::error(431, "Request Header Fields Too Large"),
         // The client closed or broke the connection: nobody to answer.
         Ok(Err(HeadError::Io)) => return,
@@ -173,6 +173,20 @@ async fn handle(mut stream: TcpStream, state: &AdminState) {
         }
     };
     let _ = tokio::time::timeout(LINGER_TIMEOUT, drain).await;
+}
+
+/// Appends the standard `process_*` families ([`crate::metrics::process`]) to a `/metrics` response
+/// (GET or HEAD: the length counts them either way). Reading `/proc` takes milliseconds with thousands
+/// of connections open, so it runs on tokio's blocking pool: this endpoint shares its runtime with a
+/// worker that relays connections (the gateway's only one).
+async fn with_process_metrics(mut response: Response) -> Response {
+    if response.process_metrics {
+        match tokio::task::spawn_blocking(process::sample).await {
+            Ok(sample) => response.body.push_str(&process::render(&sample)),
+            Err(error) => debug!(%error, "process_* metrics left out"),
+        }
+    }
+    response
 }
 
 /// Why no request head could be read.
@@ -243,6 +257,9 @@ struct Response {
     body: String,
     /// False for HEAD: headers only.
     send_body: bool,
+    /// A `/metrics` answer: the `process_*` families are still to be appended
+    /// ([`with_process_metrics`]).
+    process_metrics: bool,
 }
 
 impl Response {
@@ -255,6 +272,7 @@ impl Response {
             extra: "",
             body: format!("{body}\n"),
             send_body: true,
+            process_metrics: false,
         }
     }
 
@@ -317,6 +335,7 @@ fn respond(head: &[u8], state: &AdminState) -> Response {
             extra: "",
             body: state.metrics.render(),
             send_body: true,
+            process_metrics: true,
         },
     };
     response.send_body = send_body;

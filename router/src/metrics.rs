@@ -10,6 +10,9 @@
 //! memory denial of service on the router and on the Prometheus server scraping it). Refused names go to
 //! the log instead. The number of series is therefore a constant ([`Metrics::series_count`]).
 //!
+//! `/metrics` also carries the standard `process_*` families ([`process`]): read from `/proc` at each
+//! scrape, on tokio's blocking pool, and appended after these.
+//!
 //! The encoder is hand-written (text format 0.0.4) rather than `prometheus-client`: that crate's label
 //! families are hash maps behind a lock, which the hot path must not touch, and the few hundred lines of
 //! encoding here cost the static binary far less than the crate would.
@@ -19,7 +22,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Prefix of every metric family name.
+pub mod process;
+
+/// Prefix of every metric family name (the standard `process_*` families of [`process`] aside).
 const PREFIX: &str = "agent_sandbox_router_";
 
 /// Upper bounds of the upstream connect histogram's buckets, in nanoseconds and as the `le` label

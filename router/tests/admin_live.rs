@@ -528,3 +528,167 @@ fn bounds_are_counted_by_reason() {
     drop(gw);
     drop(dir);
 }
+
+/// The `process_*` families describe the router's own process: read back against `/proc/<pid>` of the
+/// router from outside, and followed as it accepts connections (each accepted connection that waits for
+/// the rest of its ClientHello holds exactly one descriptor).
+#[test]
+fn process_metrics_describe_the_router_process() {
+    let Some(f) = fixture() else { return };
+    let gw = &f.gw;
+    let pid = gw.pid();
+    let count_fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let stat = || {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = text[text.rfind(')').unwrap() + 1..]
+            .split_ascii_whitespace()
+            .collect();
+        // utime + stime (fields 14 and 15 of proc(5), counted from the state, field 3), in clock
+        // ticks of 10 ms.
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let scrape = || {
+        let (status, body) = gw.admin("GET", "/metrics");
+        assert_eq!(status, 200);
+        body
+    };
+    let value = |body: &str, name: &str| {
+        gateway::sample(body, name, &[]).unwrap_or_else(|| panic!("{name} missing:\n{body}"))
+    };
+
+    // While it renders, the router also holds the admin connection the scrape came on, and keeps it
+    // until the client closes. The count from outside, taken with no admin connection open, plus that
+    // one must equal the metric. The allowlist watch opens the file briefly every second, so a scrape
+    // that overlaps it is retried.
+    let mut tries = 0;
+    let (body, open, cpu_before, cpu_after) = loop {
+        let (fds_before, cpu_before) = (count_fds(), stat());
+        let body = scrape();
+        let cpu_after = stat();
+        let open = value(&body, "process_open_fds");
+        if open == (fds_before + 1) as f64 {
+            break (body, open, cpu_before, cpu_after);
+        }
+        tries += 1;
+        assert!(
+            tries < 20,
+            "process_open_fds {open}, /proc/{pid}/fd {fds_before} before the scrape"
+        );
+        // The scrape's connection closed before the next count.
+        let deadline = std::time::Instant::now() + gateway::PATIENCE;
+        while count_fds() > fds_before && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    let cpu = value(&body, "process_cpu_seconds_total");
+    assert!(
+        cpu >= cpu_before as f64 / 100.0 - 1e-9 && cpu <= cpu_after as f64 / 100.0 + 1e-9,
+        "process_cpu_seconds_total {cpu}, /proc/{pid}/stat {cpu_before} then {cpu_after} ticks"
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: f64 = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_ascii_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(value(&body, "process_max_fds"), soft);
+    let rss_pages: f64 = std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .unwrap()
+        .split_ascii_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: sysconf reads a constant of the running system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
+    let rss = value(&body, "process_resident_memory_bytes");
+    assert!(
+        (rss - rss_pages * page).abs() <= 0.25 * rss,
+        "process_resident_memory_bytes {rss}, statm {rss_pages} pages"
+    );
+    assert!(value(&body, "process_virtual_memory_bytes") >= rss);
+    let started = value(&body, "process_start_time_seconds");
+    let own = value(&body, "agent_sandbox_router_start_time_seconds");
+    assert!(
+        (own - started).abs() < 5.0,
+        "process start {started}, the router's own {own}"
+    );
+    // HELP and TYPE once per family, counters named _total.
+    check_families(&body);
+
+    // 40 clients that send the first byte of a TLS record and wait: accepted (the deferred accept
+    // hands a connection over once a byte is in) and held for the rest of the ClientHello.
+    const CLIENTS: usize = 40;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let mut s = gw.connect(gw.https).unwrap();
+            s.write_all(&[0x16]).unwrap();
+            s
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    let held = loop {
+        let body = scrape();
+        let waiting = gateway::sample(
+            &body,
+            "agent_sandbox_router_connections_open",
+            &[("listener", "https")],
+        );
+        if waiting == Some(CLIENTS as f64) {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the router did not take {CLIENTS} connections: {waiting:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(
+        value(&held, "process_open_fds") - open,
+        CLIENTS as f64,
+        "one descriptor per waiting client"
+    );
+    drop(clients);
+}
+
+/// Every family's HELP and TYPE lines come once, before its samples; counters end in `_total`; the
+/// process families have client_golang's types, and the router's own the common prefix.
+fn check_families(body: &str) {
+    let mut seen = std::collections::BTreeMap::new();
+    let mut lines = body.lines();
+    while let Some(line) = lines.next() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap();
+            let ty = lines.next().unwrap().strip_prefix("# TYPE ").unwrap();
+            let (tname, kind) = ty.split_once(' ').unwrap();
+            assert_eq!(tname, name);
+            assert!(
+                seen.insert(name.to_owned(), kind.to_owned()).is_none(),
+                "{name} twice"
+            );
+            if kind == "counter" {
+                assert!(name.ends_with("_total"), "{name}");
+            }
+            assert!(
+                name.starts_with("agent_sandbox_router_") || name.starts_with("process_"),
+                "{name}"
+            );
+        }
+    }
+    for (family, kind) in [
+        ("process_cpu_seconds_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+    ] {
+        assert_eq!(seen.get(family).map(String::as_str), Some(kind), "{family}");
+    }
+}
