@@ -157,6 +157,15 @@ pub fn run(
     control: Control,
     start: impl FnOnce(Handles) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    // Once for the process, before any worker: the limit every connection and pipe counts against.
+    proxy::raise_fd_limit();
+    if let Some(limit) = proxy::descriptor_limit() {
+        match proxy::descriptor_shortfall(limit, config.limits.max_connections.get()) {
+            Some(proxy::Shortfall::Connections(warning)) => tracing::warn!(limit, "{warning}"),
+            Some(proxy::Shortfall::Pipes(note)) => tracing::info!(limit, "{note}"),
+            None => {}
+        }
+    }
     let shutdown = control.shutdown.clone();
     let drain = shutdown.child_token();
     let metrics = Arc::new(Metrics::new());

@@ -359,3 +359,78 @@ fn unreadable_inject_files_stop_the_start() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The router, started with its hard and soft descriptor limits at `nofile` and `--max-connections
+/// max`, until it has logged `what` (or its listeners, which come after the check): the log so far.
+fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = temp_dir("nofile");
+    let list = write_file(&dir, "allowed-hosts", "a.test\n");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"));
+    command
+        .args([
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "127.0.0.2",
+        ])
+        .args(["--resolver", "127.0.0.1:9", "--dns", "127.0.0.1:0"])
+        .args(["--http", "127.0.0.1:0", "--https", "127.0.0.1:0"])
+        .args(["--max-connections", max])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; it runs in the child between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: nofile,
+                rlim_max: nofile,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = command.spawn().expect("run router");
+    let stderr = child.stderr.take().unwrap();
+    let mut log = String::new();
+    // The listeners are reported after the check; the reader ends when the router is killed.
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains(what) || line.contains("(https)") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::remove_dir_all(dir).unwrap();
+    log
+}
+
+/// A descriptor limit too low for `--max-connections` is said at start, with what to raise it to; one
+/// that holds every connection but not every pipe is noted; a large one is not mentioned.
+#[test]
+fn a_low_descriptor_limit_is_reported_at_start() {
+    let log = start_with_nofile(512, "1024", "descriptor limit");
+    assert!(
+        log.contains("WARN")
+            && log.contains("the descriptor limit (RLIMIT_NOFILE) is 512, but 1024 connections")
+            && log.contains("need about 2176")
+            && log.contains("lower --max-connections to 192"),
+        "{log}"
+    );
+    let log = start_with_nofile(4000, "1024", "descriptor limit");
+    assert!(
+        log.contains("INFO") && log.contains("room for 912 splice pipes"),
+        "{log}"
+    );
+    let log = start_with_nofile(6272, "1024", "descriptor limit");
+    assert!(log.contains("(https)"), "{log}");
+    assert!(!log.contains("descriptor limit"), "{log}");
+}

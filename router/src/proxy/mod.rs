@@ -331,8 +331,73 @@ fn escape_and_cut(raw: &[u8]) -> String {
     out
 }
 
+/// Descriptors the router holds besides its connections' (listeners, the resolver's sockets, the
+/// admin endpoint and its connections, the allowlist watch, standard streams), with room to spare.
+const BASE_DESCRIPTORS: u64 = 128;
+
+/// What `max_connections` connections need at most: two descriptors each (the client's socket and the
+/// upstream's) for every one of them to be served, and four more each (a pipe per direction) for every
+/// relay to splice at once. Both include [`BASE_DESCRIPTORS`].
+#[must_use]
+pub fn descriptors_needed(max_connections: usize) -> (u64, u64) {
+    let n = u64::try_from(max_connections).unwrap_or(u64::MAX);
+    (
+        n.saturating_mul(2).saturating_add(BASE_DESCRIPTORS),
+        n.saturating_mul(6).saturating_add(BASE_DESCRIPTORS),
+    )
+}
+
+/// What a descriptor limit too low for `--max-connections` costs ([`descriptor_shortfall`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shortfall {
+    /// Not every connection can be served: past the limit, accepts fail and new connections wait in
+    /// the kernel's backlog. Logged as a warning.
+    Connections(String),
+    /// Every connection fits, but not a pipe for every bulk direction: past it, bulk relays copy
+    /// instead of splicing, at more CPU. Logged as information (a session rarely nears the cap).
+    Pipes(String),
+}
+
+/// What to tell the operator when the soft descriptor limit `limit` is below what `max_connections`
+/// needs ([`descriptors_needed`]); `None` when it holds every relay splicing in both directions.
+#[must_use]
+pub fn descriptor_shortfall(limit: u64, max_connections: usize) -> Option<Shortfall> {
+    let (serve, splice) = descriptors_needed(max_connections);
+    if limit >= splice {
+        None
+    } else if limit < serve {
+        Some(Shortfall::Connections(format!(
+            "the descriptor limit (RLIMIT_NOFILE) is {limit}, but {max_connections} connections \
+             (--max-connections) need about {serve}: past the limit, new connections wait unserved. \
+             Raise the hard limit (ulimit -Hn, systemd's LimitNOFILE, podman's --ulimit nofile=N:N, \
+             the container runtime's default) to at least {serve} ({splice} for every bulk relay to \
+             splice), or lower --max-connections to {}",
+            limit.saturating_sub(BASE_DESCRIPTORS) / 2
+        )))
+    } else {
+        let pipes = (limit - serve) / 2;
+        Some(Shortfall::Pipes(format!(
+            "the descriptor limit (RLIMIT_NOFILE) is {limit}: {max_connections} connections \
+             (--max-connections) fit, with room for {pipes} splice pipes beside them (one per bulk \
+             direction, two descriptors each); bulk directions past that copy instead of splicing. A \
+             limit of {splice} lets every one splice"
+        )))
+    }
+}
+
+/// The soft RLIMIT_NOFILE now (`None` if it cannot be read).
+#[must_use]
+pub fn descriptor_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
+}
+
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit.
-fn raise_fd_limit() {
+pub(crate) fn raise_fd_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -349,6 +414,49 @@ fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptors_for_connections_and_their_pipes() {
+        assert_eq!(descriptors_needed(1), (130, 134));
+        assert_eq!(descriptors_needed(4096), (8_320, 24_704));
+        assert_eq!(descriptors_needed(usize::MAX), (u64::MAX, u64::MAX));
+        // Enough for every direction to splice: nothing to say.
+        assert_eq!(descriptor_shortfall(24_704, 4096), None);
+        assert_eq!(descriptor_shortfall(1_048_576, 4096), None);
+        // Every connection fits, not every pipe: how many pipes do.
+        let Some(Shortfall::Pipes(note)) = descriptor_shortfall(20_000, 4096) else {
+            panic!("a pipe shortfall");
+        };
+        assert!(note.contains("room for 5840 splice pipes"), "{note}");
+        assert!(note.contains("A limit of 24704"), "{note}");
+        assert!(matches!(
+            descriptor_shortfall(8_320, 4096),
+            Some(Shortfall::Pipes(n)) if n.contains("room for 0 splice pipes")
+        ));
+        // Not every connection fits: the limit to raise it to, or the cap that fits.
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(8_319, 4096) else {
+            panic!("a connection shortfall");
+        };
+        assert!(warning.contains("need about 8320"), "{warning}");
+        assert!(
+            warning.contains("lower --max-connections to 4095"),
+            "{warning}"
+        );
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(1024, 4096) else {
+            panic!("a connection shortfall");
+        };
+        assert!(
+            warning.contains("lower --max-connections to 448"),
+            "{warning}"
+        );
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(0, 1) else {
+            panic!("a connection shortfall");
+        };
+        assert!(
+            warning.contains("lower --max-connections to 0"),
+            "{warning}"
+        );
+    }
 
     #[test]
     fn show_escapes_and_truncates() {
