@@ -1,6 +1,7 @@
 //! `agent-sandbox-router`: parses the command line, sets up logging and the runtime, and maps the outcome
 //! to an exit status (0 ok, 1 bad input or runtime failure, 2 usage). The work is in the library.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -18,11 +19,11 @@ fn main() -> ExitCode {
     let built = match cli.build_config() {
         Ok(b) => b,
         Err(BuildError::Usage(e)) => {
-            eprintln!("agent-sandbox-router: {e}");
+            say(&format!("agent-sandbox-router: {e}"));
             return ExitCode::from(2);
         }
         Err(e) => {
-            eprintln!("agent-sandbox-router: {e}");
+            say(&format!("agent-sandbox-router: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -32,13 +33,19 @@ fn main() -> ExitCode {
     let config = match built.config.validate() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("agent-sandbox-router: {e}");
+            say(&format!("agent-sandbox-router: {e}"));
             return ExitCode::from(1);
         }
     };
     if cli.check {
-        print!("{}", describe(&config));
-        return ExitCode::SUCCESS;
+        let mut out = std::io::stdout();
+        return match out
+            .write_all(describe(&config).as_bytes())
+            .and_then(|()| out.flush())
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        };
     }
 
     let workers = cli.threads.map_or_else(
@@ -61,6 +68,12 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Writes `message` and a line end to stderr; a stderr that cannot be written is not a reason to panic
+/// (`eprintln!` would), as the exit status still says what happened.
+fn say(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 /// The reload source, the files to watch, the drain time and the admin listener, from the flags.

@@ -434,3 +434,81 @@ fn a_low_descriptor_limit_is_reported_at_start() {
     assert!(log.contains("(https)"), "{log}");
     assert!(!log.contains("descriptor limit"), "{log}");
 }
+
+/// A stderr whose reader has gone (a log pipe whose consumer died) does not stop the router: DNS still
+/// answers, and refuses, with lines it cannot write, and SIGTERM still stops it with status 0. Before,
+/// tracing-subscriber reported each failed line with `eprintln!` to the same stderr, which panicked in
+/// whatever task logged: the signal task's panic left SIGTERM unanswered.
+#[test]
+fn a_broken_log_pipe_stops_neither_serving_nor_shutdown() {
+    use std::io::BufRead as _;
+    let dir = temp_dir("epipe");
+    let list = write_file(&dir, "allowed-hosts", "a.test\n");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"))
+        .args([
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "127.0.0.2",
+        ])
+        .args(["--resolver", "127.0.0.1:9", "--dns", "127.0.0.1:0"])
+        .args(["--http", "127.0.0.1:0", "--https", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run router");
+    let stderr = child.stderr.take().unwrap();
+    /// The router, killed however the test ends (a failed assertion included).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(child);
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let dns: std::net::SocketAddr = loop {
+        let line = lines.next().expect("the router's log").unwrap();
+        if let Some(rest) = line.split(agent_sandbox_shared::logs::LISTENING_ON).nth(1) {
+            if let Some(addr) = rest.strip_suffix(" (dns/udp)") {
+                break addr.parse().unwrap();
+            }
+        }
+    };
+    // The reader goes: every line from now on fails to be written.
+    drop(lines);
+    for round in 0..3 {
+        let allowed = common::udp_query(dns, "a.test", hickory_proto::rr::RecordType::A);
+        assert_eq!(
+            allowed.code,
+            hickory_proto::op::ResponseCode::NoError,
+            "round {round}"
+        );
+        // A refusal is logged: the line that used to take the DNS task down.
+        let refused = common::udp_query(dns, "b.test", hickory_proto::rr::RecordType::A);
+        assert_eq!(
+            refused.code,
+            hickory_proto::op::ResponseCode::NXDomain,
+            "round {round}"
+        );
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(i32::try_from(child.0.id()).unwrap(), libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGTERM was not acted on with the log pipe broken"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -27,12 +27,18 @@ pub use json::JsonLine;
 const DEFAULT_FILTER: &str = "info,hickory_proto=warn,hickory_resolver=warn,hickory_net=warn";
 
 /// Installs the global subscriber, writing to stderr.
+///
+/// A line that cannot be written (stderr a pipe whose reader has gone) is dropped. tracing-subscriber
+/// would otherwise report the failure with `eprintln!` to the same broken stderr, which panics: in
+/// whatever task logged, so a DNS worker, a connection or the signal task died with it, and SIGTERM
+/// was no longer acted on. The log is for the operator; serving must not depend on it.
 pub fn init(format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_timer(Clock)
         .with_target(false);
