@@ -25,6 +25,7 @@ pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+mod rlimit;
 pub mod watch;
 mod workers;
 

@@ -59,7 +59,6 @@ fn check_prints_the_effective_plan() {
             "{needle:?} missing from:\n{stdout}"
         );
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -87,7 +86,6 @@ fn bad_allowlist_exits_1_with_every_error_and_its_line() {
         );
     }
     assert!(stderr.contains("write `.example.com`"), "{stderr}");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -169,7 +167,6 @@ fn usage_errors_exit_2() {
             "{args:?}: {needle:?} missing from {stderr}"
         );
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -195,7 +192,6 @@ fn conflicting_listeners_exit_1() {
         stderr.contains("would both listen on 0.0.0.0:443"),
         "{stderr}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -222,7 +218,6 @@ fn bind_failure_names_the_address() {
         stderr.contains(&format!("cannot listen for HTTP on {addr}")),
         "{stderr}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -236,7 +231,6 @@ fn bad_config_file_exits_1() {
     let missing = router(&["--config", "/nonexistent/router.toml", "--check"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(text(&missing).1.contains("/nonexistent/router.toml"));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// The body of the router's answer to a request for a name not on the allowlist.
@@ -311,7 +305,6 @@ fn refusals_name_the_allowlist_in_use() {
     );
     assert!(!body.contains("allowed-hosts"), "{body}");
     drop(bare);
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// An `[inject]` section whose files cannot be read stops the router at start, naming the file: it
@@ -357,16 +350,22 @@ fn unreadable_inject_files_stop_the_start() {
         stderr.contains("credential injection") && stderr.contains(ca.to_str().unwrap()),
         "{stderr}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The router, started with its hard and soft descriptor limits at `nofile` and `--max-connections
-/// max`, until it has logged `what` (or its listeners, which come after the check): the log so far.
-fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
-    use std::io::BufRead as _;
-    use std::os::unix::process::CommandExt as _;
-    let dir = temp_dir("nofile");
-    let list = write_file(&dir, "allowed-hosts", "a.test\n");
+/// A router process, killed however the test ends (a failed assertion included).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The router on loopback (DNS, HTTP and TLS on port 0, a resolver address where nothing listens),
+/// allowing `a.test` from a list written to `dir`, logging at info to a pipe.
+fn loopback_router(dir: &std::path::Path) -> Command {
+    let list = write_file(dir, "allowed-hosts", "a.test\n");
     let mut command = Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"));
     command
         .args([
@@ -377,10 +376,20 @@ fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
         ])
         .args(["--resolver", "127.0.0.1:9", "--dns", "127.0.0.1:0"])
         .args(["--http", "127.0.0.1:0", "--https", "127.0.0.1:0"])
-        .args(["--max-connections", max])
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
+    command
+}
+
+/// The router, started with its hard and soft descriptor limits at `nofile` and `--max-connections
+/// max`, until it has logged `what` (or its listeners, which come after the check): the log so far.
+fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = temp_dir("nofile");
+    let mut command = loopback_router(&dir);
+    command.args(["--max-connections", max]);
     // SAFETY: setrlimit is async-signal-safe; it runs in the child between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -395,8 +404,8 @@ fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
             }
         });
     }
-    let mut child = command.spawn().expect("run router");
-    let stderr = child.stderr.take().unwrap();
+    let mut child = Killed(command.spawn().expect("run router"));
+    let stderr = child.0.stderr.take().unwrap();
     let mut log = String::new();
     // The listeners are reported after the check; the reader ends when the router is killed.
     for line in std::io::BufReader::new(stderr).lines() {
@@ -407,9 +416,7 @@ fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
             break;
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    std::fs::remove_dir_all(dir).unwrap();
+    drop(child);
     log
 }
 
@@ -443,31 +450,8 @@ fn a_low_descriptor_limit_is_reported_at_start() {
 fn a_broken_log_pipe_stops_neither_serving_nor_shutdown() {
     use std::io::BufRead as _;
     let dir = temp_dir("epipe");
-    let list = write_file(&dir, "allowed-hosts", "a.test\n");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"))
-        .args([
-            "--allowlist",
-            list.to_str().unwrap(),
-            "--answer",
-            "127.0.0.2",
-        ])
-        .args(["--resolver", "127.0.0.1:9", "--dns", "127.0.0.1:0"])
-        .args(["--http", "127.0.0.1:0", "--https", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run router");
-    let stderr = child.stderr.take().unwrap();
-    /// The router, killed however the test ends (a failed assertion included).
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Killed(child);
+    let mut child = Killed(loopback_router(&dir).spawn().expect("run router"));
+    let stderr = child.0.stderr.take().unwrap();
     let mut lines = std::io::BufReader::new(stderr).lines();
     let dns: std::net::SocketAddr = loop {
         let line = lines.next().expect("the router's log").unwrap();
@@ -510,5 +494,4 @@ fn a_broken_log_pipe_stops_neither_serving_nor_shutdown() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(0));
-    std::fs::remove_dir_all(dir).unwrap();
 }

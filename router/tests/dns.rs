@@ -37,6 +37,7 @@ fn standalone() -> Router {
         ],
         5,
     )
+    .holding(dir)
 }
 
 #[test]
@@ -380,7 +381,6 @@ fn sandbox_mode_answers_per_host_loopbacks() {
         udp_query(dns, "evil.com.", RecordType::A).code,
         ResponseCode::NXDomain
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

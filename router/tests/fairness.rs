@@ -94,9 +94,7 @@ fn start_router(allowlist: &str, resolver: Option<SocketAddr>, extra: &[&str]) -
         args.extend(["--resolver", r.as_str()]);
     }
     args.extend_from_slice(extra);
-    let router = Router::start(&args, 4);
-    let _ = std::fs::remove_dir_all(&dir);
-    router
+    Router::start(&args, 4).holding(dir)
 }
 
 /// One client holding its cap of idle connections (on DNS over TCP: the cap is one per client across
@@ -280,6 +278,7 @@ async fn idle_relays_are_closed() {
             ],
             5,
         )
+        .holding(dir)
     })
     .await
     .unwrap();
@@ -347,6 +346,7 @@ async fn idle_relays_are_closed() {
             ],
             4,
         )
+        .holding(dir)
     })
     .await
     .unwrap();

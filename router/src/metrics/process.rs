@@ -10,8 +10,9 @@
 //!
 //! Cost: listing `/proc/self/fd` takes about a microsecond per open descriptor, more the first time
 //! (9–31 ms with 8,192 open, measured on the development VM), so [`sample`] is blocking work: the admin
-//! endpoint runs it on tokio's blocking pool, never on a worker that relays connections. Each family is written only when its source could be read (`/proc` not
-//! mounted, or mounted with `subset=pid`, leaves some or all of them out), never with a made-up value.
+//! endpoint runs it on tokio's blocking pool, never on a worker that relays connections. Each family
+//! is written only when its source could be read (`/proc` not mounted, or mounted with `subset=pid`,
+//! leaves some or all of them out), never with a made-up value.
 
 use std::sync::OnceLock;
 
@@ -155,19 +156,12 @@ fn open_fds() -> Result<u64, ProcError> {
 
 /// The soft RLIMIT_NOFILE.
 fn max_fds() -> Result<u64, ProcError> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-        Ok(limit.rlim_cur)
-    } else {
-        Err(ProcError::Read {
+    crate::rlimit::nofile()
+        .map(|(soft, _)| soft)
+        .map_err(|e| ProcError::Read {
             path: "getrlimit(RLIMIT_NOFILE)",
-            reason: std::io::Error::last_os_error().to_string(),
+            reason: e.to_string(),
         })
-    }
 }
 
 /// Samples this process now, each value from its own source (blocking: see the module's doc). What

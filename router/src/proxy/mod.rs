@@ -388,27 +388,12 @@ pub fn descriptor_shortfall(limit: u64, max_connections: usize) -> Option<Shortf
 /// The soft RLIMIT_NOFILE now (`None` if it cannot be read).
 #[must_use]
 pub fn descriptor_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
+    crate::rlimit::nofile().ok().map(|(soft, _)| soft)
 }
 
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit.
 pub(crate) fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid, initialised struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    crate::rlimit::raise_nofile_to_hard();
 }
 
 #[cfg(test)]

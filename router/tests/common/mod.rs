@@ -19,16 +19,35 @@ pub struct Router {
     output: Arc<Mutex<Vec<String>>>,
     /// `(address, proto)` from the "listening on ADDR (proto)" lines.
     pub listening: Vec<(SocketAddr, String)>,
-    dir: PathBuf,
+    dir: TempDir,
+    /// Directories of the test's that the router reads from, removed after it is stopped.
+    held: Vec<TempDir>,
 }
 
-/// A fresh temporary directory for a test's files.
-pub fn temp_dir(tag: &str) -> PathBuf {
+/// A fresh temporary directory for a test's files, removed with them when dropped (when the test
+/// fails too). Declare it before the router that reads from it, so the router is stopped first.
+pub fn temp_dir(tag: &str) -> TempDir {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("asr-{tag}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+/// A directory made by [`temp_dir`], removed on drop.
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Writes `text` to `dir/name` and returns the path.
@@ -85,7 +104,15 @@ impl Router {
             output,
             listening,
             dir,
+            held: Vec::new(),
         }
+    }
+
+    /// Keeps `dir` (the test's files the router was started with) until the router is stopped.
+    #[must_use]
+    pub fn holding(mut self, dir: TempDir) -> Router {
+        self.held.push(dir);
+        self
     }
 
     /// The address of the first listener whose proto is `proto`.
@@ -145,7 +172,6 @@ impl Drop for Router {
         if std::thread::panicking() {
             eprintln!("--- router output ---\n{}", self.log());
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
