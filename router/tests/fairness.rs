@@ -516,12 +516,51 @@ async fn a_second_client_hello_must_name_the_same_server() {
     assert_eq!(line, "upstream hrr.test hello\n");
 
     // A second hello for another server: the first hello is a real one (so the upstream retries).
+    let other = build::hello_record(&[b"other.test"], 0);
+    let second = [&CCS[..], &other].concat();
+    refused_after_retry(https, &roots, &[], &second).await;
+    assert_eq!(accepts.get(), 2);
+    wait_for_other_name_refusals(&router, 1).await;
+
+    // The same, sent with the first hello in one write: held back until the upstream has answered,
+    // then read as the second hello's start.
+    refused_after_retry(https, &roots, &second, &[]).await;
+    assert_eq!(accepts.get(), 3);
+    wait_for_other_name_refusals(&router, 2).await;
+
+    // The start of a second hello for another server sent with the first; after the retry, the rest
+    // of it, which on its own looks like a hello for the allowed name (it is the data of the other
+    // hello's last extension). Read from where the upstream reads it, it names other.test.
+    let tail = build::hello_record(&[b"hrr.test"], 0);
+    let mut exts = build::extension(43, &[2, 3, 4]);
+    exts.extend_from_slice(&build::sni_extension(&[b"other.test"]));
+    exts.extend_from_slice(&build::extension(0x0a0a, &tail));
+    let real = build::records(&build::client_hello(Some(&exts)), 16 * 1024);
+    let begun = [&CCS[..], &real[..real.len() - tail.len()]].concat();
+    refused_after_retry(https, &roots, &begun, &tail).await;
+    assert_eq!(accepts.get(), 4);
+    wait_for_other_name_refusals(&router, 3).await;
+}
+
+/// The dummy ChangeCipherSpec record a TLS 1.3 client in middlebox compatibility mode sends.
+const CCS: [u8; 6] = [20, 3, 3, 0, 1, 1];
+
+/// Sends a real first ClientHello for hrr.test (an X25519 share, so the test's upstream asks for a
+/// retry) followed by `with_first` in one write, reads the HelloRetryRequest the router passes back,
+/// sends `after_retry`, and checks that the connection is then closed with no answer to a second hello.
+async fn refused_after_retry(
+    https: SocketAddr,
+    roots: &rustls::RootCertStore,
+    with_first: &[u8],
+    after_retry: &[u8],
+) {
     // A fresh client configuration: rustls remembers the group a server chose, and would send a
     // secp256r1 share straight away on a second connection.
-    let fresh = x25519_first_client(roots);
+    let fresh = x25519_first_client(roots.clone());
     let mut conn = rustls::ClientConnection::new(fresh, "hrr.test".try_into().unwrap()).unwrap();
     let mut first = Vec::new();
     conn.write_tls(&mut first).unwrap();
+    first.extend_from_slice(with_first);
     let mut raw = tokio::net::TcpStream::connect(https).await.unwrap();
     raw.write_all(&first).await.unwrap();
     // The HelloRetryRequest comes back through the router: one whole handshake record.
@@ -540,9 +579,9 @@ async fn a_second_client_hello_must_name_the_same_server() {
         &[0xcf, 0x21, 0xad, 0x74],
         "the HelloRetryRequest random"
     );
-    let mut second = vec![20, 3, 3, 0, 1, 1];
-    second.extend_from_slice(&build::hello_record(&[b"other.test"], 0));
-    raw.write_all(&second).await.unwrap();
+    if !after_retry.is_empty() {
+        raw.write_all(after_retry).await.unwrap();
+    }
     let mut rest = Vec::new();
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -554,20 +593,42 @@ async fn a_second_client_hello_must_name_the_same_server() {
     // Whatever else the upstream had sent after its retry request (a ChangeCipherSpec) may follow, but
     // no answer to the second hello.
     assert!(rest.len() <= 6, "{rest:?}");
-    assert_eq!(accepts.get(), 2);
+}
+
+/// Waits until `count` connections to hrr.test are logged as refused, and the reason, that a second
+/// hello named another server (repeats of a refusal line are coalesced, connection lines are not).
+async fn wait_for_other_name_refusals(router: &Router, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let found = refused_events(&router).into_iter().any(|e| {
-            e["fields"]["kind"] == "tls"
+        let events: Vec<serde_json::Value> = router
+            .log()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let refused = events
+            .iter()
+            .filter(|e| {
+                e["fields"]["message"] == "connection"
+                    && e["fields"]["name"] == "hrr.test"
+                    && e["fields"]["decision"] == "refused"
+            })
+            .count();
+        let reason = events.iter().any(|e| {
+            e["fields"]["message"] == "refused"
+                && e["fields"]["kind"] == "tls"
                 && e["fields"]["name"] == "hrr.test"
                 && e["fields"]["reason"]
                     .as_str()
                     .is_some_and(|r| r.contains("names another server"))
         });
-        if found {
+        if refused >= count && reason {
+            assert_eq!(refused, count, "one refused connection each");
             break;
         }
-        assert!(Instant::now() < deadline, "no refusal logged");
+        assert!(
+            Instant::now() < deadline,
+            "{refused} of {count} refused connections logged"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -168,6 +168,13 @@ async fn tls_hello_split_every_way() {
             Box::new(|h: Vec<u8>| refragment(h, 1).chunks(3).map(<[u8]>::to_vec).collect()),
             Duration::ZERO,
         ),
+        (
+            // What the client sends after its hello in the same write (a middlebox-compatibility
+            // ChangeCipherSpec here) waits for the upstream's answer, then follows the hello.
+            "the hello and a ChangeCipherSpec in one write",
+            Box::new(|h: Vec<u8>| vec![[&h[..], &[20, 3, 3, 0, 1, 1]].concat()]),
+            Duration::ZERO,
+        ),
     ];
     for (what, cut, pause) in cases {
         let config = w.pki.client_config();
@@ -182,7 +189,7 @@ async fn tls_hello_split_every_way() {
             "{what}"
         );
     }
-    assert_eq!(w.tls().get(), 4);
+    assert_eq!(w.tls().get(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@
 //! hello with [`SecondHello`] and splices only if its SNI is byte-for-byte the first one's and it carries no
 //! ECH. Everything read on either side is forwarded unchanged.
 
-use super::tls::{HelloError, HelloReader};
+use super::tls::{HelloError, HelloReader, MAX_BUFFERED};
 
 /// The ServerHello.random that marks a HelloRetryRequest: SHA-256 of "HelloRetryRequest" (RFC 8446 §4.1.3).
 const HRR_RANDOM: [u8; 32] = [
@@ -20,6 +20,11 @@ const HRR_RANDOM: [u8; 32] = [
 /// Record content types (RFC 8446 §5.1).
 const CHANGE_CIPHER_SPEC: u8 = 20;
 const HANDSHAKE: u8 = 22;
+const APPLICATION_DATA: u8 = 23;
+/// The dummy ChangeCipherSpec record of middlebox compatibility mode, whole.
+const CCS_RECORD: [u8; 6] = [CHANGE_CIPHER_SPEC, 0x03, 0x03, 0x00, 0x01, 0x01];
+/// The largest TLSCiphertext fragment (RFC 8446 §5.2).
+const MAX_CIPHERTEXT: usize = (1 << 14) + 256;
 /// Handshake message type of a ServerHello.
 const SERVER_HELLO: u8 = 2;
 /// Handshake header (type, 24-bit length) + legacy_version + random: all the watch needs to see.
@@ -115,23 +120,31 @@ pub enum RetryError {
     /// The second hello names another server than the first.
     #[error("second ClientHello after HelloRetryRequest names another server")]
     OtherName,
-    /// Something other than one ChangeCipherSpec record came before the second hello.
+    /// Something other than one ChangeCipherSpec record and early-data records came before the second
+    /// hello.
     #[error("unexpected record before the second ClientHello")]
     UnexpectedRecord,
 }
 
-/// Reads the client's second ClientHello (after a HelloRetryRequest), skipping the one dummy
-/// ChangeCipherSpec record a middlebox-compatible client sends first (RFC 8446 Appendix D.4).
+/// Reads the client's second ClientHello (after a HelloRetryRequest), from the first byte after the
+/// first hello's last record (the bytes the client sent after that hello in the same reads come first).
+///
+/// Before the second hello, a client may send the one dummy ChangeCipherSpec record of middlebox
+/// compatibility (RFC 8446 Appendix D.4) and, if it offered early data, application-data records that a
+/// retrying server skips (§4.2.10). Those are walked record by record, the way the upstream reads them,
+/// so the hello checked here starts exactly where the upstream's starts; any other record is refused.
 #[derive(Debug)]
 pub struct SecondHello {
     /// The first hello's SNI, raw.
     first_sni: Vec<u8>,
     /// Every client byte so far (forwarded unchanged on acceptance).
     raw: Vec<u8>,
-    /// Bytes of `raw` already given to `hello` (the CCS record is not).
-    consumed: usize,
+    /// Offset in `raw` of the next record to walk, until the second hello's first record.
+    next_record: usize,
     /// Whether the ChangeCipherSpec record was seen.
     seen_ccs: bool,
+    /// Once the second hello has begun: the offset in `raw` up to which bytes went to `hello`.
+    fed: Option<usize>,
     /// The reassembly of the second hello proper.
     hello: HelloReader,
 }
@@ -143,8 +156,9 @@ impl SecondHello {
         SecondHello {
             first_sni,
             raw: Vec::new(),
-            consumed: 0,
+            next_record: 0,
             seen_ccs: false,
+            fed: None,
             hello: HelloReader::new(),
         }
     }
@@ -157,34 +171,70 @@ impl SecondHello {
 
     /// Adds client bytes. `Ok(false)`: more are needed; `Ok(true)`: the second hello is acceptable.
     pub fn push(&mut self, data: &[u8]) -> Result<bool, RetryError> {
-        self.raw.extend_from_slice(data);
-        if !self.seen_ccs && self.consumed == 0 {
-            let rest = &self.raw[..];
-            match rest.first() {
-                None => return Ok(false),
-                Some(&CHANGE_CIPHER_SPEC) => {
-                    if rest.len() < 6 {
-                        return Ok(false);
-                    }
-                    // Exactly the dummy record: type 20, TLS 1.2 version, length 1, value 1.
-                    if rest[1..6] != [0x03, 0x03, 0x00, 0x01, 0x01] {
-                        return Err(RetryError::UnexpectedRecord);
-                    }
-                    self.seen_ccs = true;
-                    self.consumed = 6;
-                }
-                Some(_) => {}
-            }
+        if self.raw.len() + data.len() > MAX_BUFFERED {
+            return Err(RetryError::Hello(HelloError::TooLarge));
         }
-        if self.consumed == self.raw.len() {
+        self.raw.extend_from_slice(data);
+        let from = match self.fed {
+            Some(from) => from,
+            None => match self.skip_records()? {
+                Some(start) => start,
+                None => return Ok(false),
+            },
+        };
+        if from == self.raw.len() {
+            self.fed = Some(from);
             return Ok(false);
         }
-        let fresh = self.raw[self.consumed..].to_vec();
-        self.consumed = self.raw.len();
-        match self.hello.push(&fresh)? {
+        self.fed = Some(self.raw.len());
+        match self.hello.push(&self.raw[from..])? {
             None => Ok(false),
             Some(sni) if sni == self.first_sni => Ok(true),
             Some(_) => Err(RetryError::OtherName),
+        }
+    }
+
+    /// Walks the records before the second hello. `Some(offset)`: a handshake record starts there;
+    /// `None`: more bytes are needed.
+    fn skip_records(&mut self) -> Result<Option<usize>, RetryError> {
+        loop {
+            let rest = &self.raw[self.next_record..];
+            let Some(&kind) = rest.first() else {
+                return Ok(None);
+            };
+            match kind {
+                HANDSHAKE => return Ok(Some(self.next_record)),
+                CHANGE_CIPHER_SPEC => {
+                    let seen = rest.len().min(CCS_RECORD.len());
+                    // Exactly the dummy record, once: type 20, TLS 1.2 version, length 1, value 1.
+                    if self.seen_ccs || rest[..seen] != CCS_RECORD[..seen] {
+                        return Err(RetryError::UnexpectedRecord);
+                    }
+                    if seen < CCS_RECORD.len() {
+                        return Ok(None);
+                    }
+                    self.seen_ccs = true;
+                    self.next_record += CCS_RECORD.len();
+                }
+                APPLICATION_DATA => {
+                    let seen = rest.len().min(3);
+                    if rest[1..seen] != [0x03, 0x03][..seen - 1] {
+                        return Err(RetryError::UnexpectedRecord);
+                    }
+                    if rest.len() < 5 {
+                        return Ok(None);
+                    }
+                    let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+                    if len == 0 || len > MAX_CIPHERTEXT {
+                        return Err(RetryError::UnexpectedRecord);
+                    }
+                    if rest.len() < 5 + len {
+                        return Ok(None);
+                    }
+                    self.next_record += 5 + len;
+                }
+                _ => return Err(RetryError::UnexpectedRecord),
+            }
         }
     }
 }
@@ -301,13 +351,87 @@ mod tests {
         );
         let mut two = vec![20, 3, 3, 0, 1, 1, 20, 3, 3, 0, 1, 1];
         two.extend_from_slice(&build::hello_record(&[b"a.example"], 0));
-        assert_eq!(
-            second(b"a.example", &two, 100),
-            Err(RetryError::Hello(HelloError::NotTls))
-        );
-        assert_eq!(
-            second(b"a.example", &[23, 3, 3, 0, 1, 0], 100),
-            Err(RetryError::Hello(HelloError::NotTls))
-        );
+        for step in [1, 100] {
+            assert_eq!(
+                second(b"a.example", &two, step),
+                Err(RetryError::UnexpectedRecord)
+            );
+        }
+        // An alert, early data of another version or of length 0 or over the ciphertext limit.
+        for odd in [
+            &[21, 3, 3, 0, 2, 1, 0][..],
+            &[23, 3, 1, 0, 1, 0],
+            &[23, 3, 3, 0, 0],
+            &[23, 3, 3, 0x41, 0x01],
+        ] {
+            for step in [1, 100] {
+                assert_eq!(
+                    second(b"a.example", odd, step),
+                    Err(RetryError::UnexpectedRecord),
+                    "{odd:?}"
+                );
+            }
+        }
+    }
+
+    /// Early data (application-data records, skipped by a retrying server) and the ChangeCipherSpec
+    /// may come before the second hello, in any order, the CCS once.
+    #[test]
+    fn early_data_and_the_ccs_before_the_second_hello_are_walked() {
+        let early = |len: usize| {
+            let mut r = vec![23, 3, 3];
+            r.extend_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
+            r.extend(std::iter::repeat_n(0x5a, len));
+            r
+        };
+        let ccs = CCS_RECORD.to_vec();
+        let same = build::hello_record(&[b"a.example"], 0);
+        let other = build::hello_record(&[b"b.example"], 0);
+        for before in [
+            [early(1), ccs.clone()].concat(),
+            [ccs.clone(), early(MAX_CIPHERTEXT), early(3)].concat(),
+            early(100),
+        ] {
+            for step in [1, 5, 64, 1 << 20] {
+                let bytes = [&before[..], &same].concat();
+                assert_eq!(second(b"a.example", &bytes, step), Ok(true), "{step}");
+                let bytes = [&before[..], &other].concat();
+                assert_eq!(
+                    second(b"a.example", &bytes, step),
+                    Err(RetryError::OtherName),
+                    "{step}"
+                );
+            }
+        }
+        // Skipped records count towards the cap.
+        let mut s = SecondHello::new(b"a.example".to_vec());
+        let mut last = Ok(false);
+        for _ in 0..10 {
+            last = s.push(&early(MAX_CIPHERTEXT));
+            if last.is_err() {
+                break;
+            }
+        }
+        assert_eq!(last, Err(RetryError::Hello(HelloError::TooLarge)));
+    }
+
+    /// The second hello is read from the first byte after the first hello's last record, as the
+    /// upstream reads it. Here the client sends the start of a record holding a hello for another
+    /// server with the first, and after the retry the rest, which on its own would look like a hello
+    /// for the allowed name (it is the data of the other hello's last extension): refused.
+    #[test]
+    fn a_second_hello_begun_with_the_first_is_read_from_its_start() {
+        let tail = build::hello_record(&[b"a.example"], 0);
+        let mut exts = build::extension(43, &[2, 3, 4]);
+        exts.extend_from_slice(&build::sni_extension(&[b"b.example"]));
+        exts.extend_from_slice(&build::extension(0x0a0a, &tail));
+        let real = build::records(&build::client_hello(Some(&exts)), 16 * 1024);
+        let cut = real.len() - tail.len();
+        let sent_with_the_first = [&CCS_RECORD[..], &real[..cut]].concat();
+        let mut s = SecondHello::new(b"a.example".to_vec());
+        assert_eq!(s.push(&sent_with_the_first), Ok(false));
+        assert_eq!(s.push(&tail), Err(RetryError::OtherName));
+        // Read from the tail alone, as before the fix, it would have passed.
+        assert_eq!(second(b"a.example", &tail, 1 << 20), Ok(true));
     }
 }

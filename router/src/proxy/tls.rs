@@ -119,6 +119,8 @@ pub struct HelloReader {
     next_record: usize,
     /// The concatenated payloads of the handshake records consumed so far.
     handshake: Vec<u8>,
+    /// Where the record that completed the hello ends in `raw` (0 until it is complete).
+    hello_end: usize,
 }
 
 impl HelloReader {
@@ -138,6 +140,19 @@ impl HelloReader {
     #[must_use]
     pub fn into_buffered(self) -> Vec<u8> {
         self.raw
+    }
+
+    /// Takes the buffered bytes split where the hello's last record ends: the hello's records, and
+    /// what the client sent after them in the same reads (a ChangeCipherSpec, early data, or bytes
+    /// meant to be read as another hello). Before the hello is complete, the first part is empty.
+    ///
+    /// Only the first part may go to the upstream before its answer is known: what follows is checked
+    /// from this very offset ([`super::retry::SecondHello`]), so the router and the upstream agree on
+    /// where every later record starts.
+    #[must_use]
+    pub fn into_parts(mut self) -> (Vec<u8>, Vec<u8>) {
+        let after = self.raw.split_off(self.hello_end);
+        (self.raw, after)
     }
 
     /// Adds bytes from the client. `Ok(None)`: more are needed; `Ok(Some(sni))`: the complete hello
@@ -195,6 +210,7 @@ impl HelloReader {
                 try_hello(&self.handshake)?
             };
             if let Some(sni) = done {
+                self.hello_end = self.next_record;
                 return Ok(Some(sni));
             }
         }
@@ -215,6 +231,14 @@ fn try_hello(hs: &[u8]) -> Result<Option<Vec<u8>>, HelloError> {
     }
     if hs.len() < 4 + body_len {
         return Ok(None);
+    }
+    // A client has nothing else to send at the handshake layer before the server answers. Bytes after
+    // the hello in its last record would be read by the upstream as another handshake message (a
+    // second hello the router never decided on), so the hello must end where its record does.
+    if hs.len() > 4 + body_len {
+        return Err(HelloError::Malformed(
+            "handshake bytes after the ClientHello",
+        ));
     }
     sni_from_client_hello(&hs[4..4 + body_len]).map(Some)
 }
@@ -576,12 +600,62 @@ mod tests {
     }
 
     #[test]
-    fn bytes_after_the_hello_are_kept() {
-        let mut bytes = hello_record(&[b"x.example.com"], 0);
-        bytes.extend_from_slice(&[0x14, 0x03, 0x03, 0x00, 0x01, 0x01]);
+    fn bytes_after_the_hello_are_kept_apart() {
+        let hello = hello_record(&[b"x.example.com"], 0);
+        // A ChangeCipherSpec, early data, and the start of another hello's record.
+        let after = [
+            &[0x14, 0x03, 0x03, 0x00, 0x01, 0x01][..],
+            &[0x17, 0x03, 0x03, 0x00, 0x02, 0xaa, 0xbb],
+            &hello_record(&[b"evil.example"], 0)[..9],
+        ]
+        .concat();
+        let bytes = [&hello[..], &after].concat();
         let mut r = HelloReader::new();
         assert_eq!(r.push(&bytes).unwrap(), Some(b"x.example.com".to_vec()));
-        assert_eq!(r.into_buffered(), bytes);
+        assert_eq!(r.into_parts(), (hello.clone(), after.clone()));
+        // Fragmented, the split is where the hello's last record ends.
+        let fragmented = records(&client_hello(Some(&sni_extension(&[b"x.example.com"]))), 7);
+        let (most, last) = fragmented.split_at(fragmented.len() - 1);
+        let mut r = HelloReader::new();
+        for chunk in most.chunks(50) {
+            assert_eq!(r.push(chunk).unwrap(), None);
+        }
+        let last = [last, &after].concat();
+        assert_eq!(r.push(&last).unwrap(), Some(b"x.example.com".to_vec()));
+        assert_eq!(r.into_parts(), (fragmented, after));
+        // Before the hello is complete, nothing is the hello's.
+        let mut r = HelloReader::new();
+        assert_eq!(r.push(&hello[..20]).unwrap(), None);
+        assert_eq!(r.into_parts(), (Vec::new(), hello[..20].to_vec()));
+    }
+
+    /// The upstream would read handshake bytes after the hello in its last record as a second message
+    /// (another hello, the router never decided on): refused, however the records are cut.
+    #[test]
+    fn handshake_bytes_after_the_hello_are_refused() {
+        let first = client_hello(Some(&sni_extension(&[b"a.example"])));
+        let second = client_hello(Some(&sni_extension(&[b"evil.example"])));
+        let both = [&first[..], &second].concat();
+        for fragment in [16 * 1024, first.len() + 1, first.len() + 4, 100, 7] {
+            assert_eq!(
+                run(&records(&both, fragment)),
+                Err(HelloError::Malformed(
+                    "handshake bytes after the ClientHello"
+                )),
+                "{fragment}"
+            );
+        }
+        // One byte after it is enough.
+        assert_eq!(
+            run(&records(&[&first[..], &[1]].concat(), 16 * 1024)),
+            Err(HelloError::Malformed(
+                "handshake bytes after the ClientHello"
+            ))
+        );
+        // A hello that ends with its record is accepted, with the second in a record of its own
+        // left for the caller.
+        let apart = [records(&first, 16 * 1024), records(&second, 16 * 1024)].concat();
+        assert_eq!(run(&apart), Ok(Some(b"a.example".to_vec())));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! One TLS connection on the HTTPS listener: read the ClientHello, decide on its SNI, dial name:443,
-//! write the buffered hello unchanged, relay.
+//! write the hello's records unchanged, relay. What the client sent after the hello in the same reads
+//! is held until the upstream has answered, so that on a HelloRetryRequest it is read as the start of
+//! the second hello, from the offset where the upstream reads it.
 //!
 //! A name in the `[inject]` section's terminated set goes to [`crate::inject::terminate`] instead,
 //! with the hello's bytes, once the decision is made; nothing else changes for it before that point.
@@ -88,14 +90,18 @@ impl Proxy {
                 return;
             }
         };
-        let hello = reader.into_buffered();
+        // Only the hello goes now: what the client sent after it waits for the upstream's answer.
+        let (hello, after) = reader.into_parts();
         if write_first(&upstream, &hello).await.is_err() {
             log.set_decision(Decision::UpstreamError);
             return;
         }
         log.up(hello.len() as u64);
         drop(hello);
-        if !self.check_retry(&client, &upstream, first_sni, &log).await {
+        if !self
+            .check_retry(&client, &upstream, first_sni, after, &log)
+            .await
+        {
             return;
         }
         let relaying = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down);
@@ -106,13 +112,16 @@ impl Proxy {
 
     /// Reads the upstream's first bytes until it is known whether they are a HelloRetryRequest, and
     /// passes them to the client; after a retry, reads the client's second ClientHello and passes it on
-    /// only if it names `first_sni` and carries no ECH. Each read is bounded by the peek timeout.
+    /// only if it names `first_sni` and carries no ECH. `after` is what the client sent after its first
+    /// hello in the same reads: held until the answer is known, then passed on (no retry) or read as
+    /// the start of the second hello's stream (a retry). Each read is bounded by the peek timeout.
     /// `false`: the connection is over (logged).
     async fn check_retry(
         &self,
         client: &TcpStream,
         upstream: &TcpStream,
         first_sni: Vec<u8>,
+        after: Vec<u8>,
         log: &ConnLog,
     ) -> bool {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
@@ -145,12 +154,39 @@ impl Proxy {
         }
         log.down(answer.len() as u64);
         if first == ServerFirst::Other {
+            // The upstream has answered the hello the router decided on: the rest is the relay's.
+            if !after.is_empty() {
+                if write_all(upstream, &after).await.is_err() {
+                    log.set_decision(Decision::UpstreamError);
+                    return false;
+                }
+                log.up(after.len() as u64);
+            }
             return true;
         }
         let shown = show(&first_sni);
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut second = SecondHello::new(first_sni);
+        let mut step = second.push(&after);
         loop {
+            match step {
+                Ok(false) => {}
+                Ok(true) => {
+                    let hello = second.buffered();
+                    if write_all(upstream, hello).await.is_err() {
+                        log.set_decision(Decision::UpstreamError);
+                        return false;
+                    }
+                    log.up(hello.len() as u64);
+                    return true;
+                }
+                Err(e) => {
+                    log.refuse(&shown, &e.to_string(), RefusalReason::BadHello);
+                    // The upstream has seen only the first hello: nothing after it reaches it.
+                    shutdown_write(client);
+                    return false;
+                }
+            }
             buf.clear();
             match tokio::time::timeout_at(deadline, read_some(client, &mut buf, PEEK_READ)).await {
                 Err(_) => {
@@ -166,24 +202,7 @@ impl Proxy {
                     log.set_decision(Decision::Closed);
                     return false;
                 }
-                Ok(Ok(_)) => match second.push(&buf) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        let hello = second.buffered();
-                        if write_all(upstream, hello).await.is_err() {
-                            log.set_decision(Decision::UpstreamError);
-                            return false;
-                        }
-                        log.up(hello.len() as u64);
-                        return true;
-                    }
-                    Err(e) => {
-                        log.refuse(&shown, &e.to_string(), RefusalReason::BadHello);
-                        // The upstream has seen only the first hello: nothing of the second reaches it.
-                        shutdown_write(client);
-                        return false;
-                    }
-                },
+                Ok(Ok(_)) => step = second.push(&buf),
             }
         }
     }
@@ -248,5 +267,10 @@ impl Hello {
     /// Every byte the client sent so far.
     fn into_buffered(self) -> Vec<u8> {
         self.reader.into_buffered()
+    }
+
+    /// The hello's records, and what the client sent after them ([`HelloReader::into_parts`]).
+    fn into_parts(self) -> (Vec<u8>, Vec<u8>) {
+        self.reader.into_parts()
     }
 }
