@@ -467,7 +467,17 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                     sni: sni.clone(),
                     bytes: request.clone(),
                 });
-                let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                let target = head.split(' ').nth(1).unwrap_or_default();
+                // A server must accept the absolute form too (RFC 9112, 3.2.2); other spellings of
+                // a path (escapes, dot segments) it may or may not resolve.
+                let path = match target.get(..8) {
+                    Some(scheme) if scheme.eq_ignore_ascii_case("https://") => {
+                        let rest = &target[8..];
+                        rest.find('/').map_or("/", |i| &rest[i..])
+                    }
+                    _ => target,
+                };
+                let path = path.split('?').next().unwrap_or_default().to_owned();
                 let key = header("x-api-key").unwrap_or_default();
                 if path == "/stream" || path == "/stream-key" {
                     // A chunked answer in separate writes; `/stream-key` splits the key it got across two
@@ -968,6 +978,56 @@ async fn oauth_tokens_are_swapped_both_ways() {
     }
 }
 
+/// A token request is one however its target is written (the absolute form every server accepts,
+/// escapes, dot segments, doubled slashes, case): the real refresh token goes up and only placeholders
+/// come back. Before, only `/v1/oauth/token` itself was, and an absolute-form exchange brought newly
+/// issued real tokens into the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_requests_are_recognised_however_the_target_is_written() {
+    require_netns!();
+    let lab = Lab::start_with("injtokform", true).await;
+    let token = lab.world.name("token");
+    let body = format!(
+        "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"x\"}}"
+    );
+    let targets = [
+        format!("https://{token}/v1/oauth/token"),
+        format!("HTTPS://{token}/v1/oauth/token?x=1"),
+        "/v1/oauth/%74oken".to_owned(),
+        "/v1/./oauth//token".to_owned(),
+        "/v1/x/../oauth/token/".to_owned(),
+        "/V1/OAuth/Token".to_owned(),
+    ];
+    for (i, target) in targets.iter().enumerate() {
+        let mut c = lab.connect("token").await;
+        c.send(
+            format!(
+                "POST {target} HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await;
+        let r = c.response().await.expect("a response");
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        assert!(!text.contains("ISSUED"), "{target}: {text}");
+        let seen = lab.recorder.for_sni(&token);
+        let sent = String::from_utf8_lossy(&seen[i].bytes).into_owned();
+        assert!(
+            sent.contains(REFRESH) && !sent.contains(REFRESH_PH),
+            "{target}: {sent}"
+        );
+        if i < 2 {
+            // The absolute form reaches the test's token endpoint: new tokens, masked.
+            assert_eq!(r.status, 200, "{target}: {text}");
+            assert!(
+                text.contains(ACCESS_PH) && text.contains(REFRESH_PH),
+                "{target}: {text}"
+            );
+        }
+    }
+}
+
 /// With the sign-in the router adds, creating an API key would bring a real key back into the sandbox
 /// (the scan cannot know it): such a request is refused with 403 and nothing reaches the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -990,6 +1050,41 @@ async fn an_api_key_is_not_minted_with_the_added_sign_in() {
     assert!(
         lab.recorder.for_sni(&api).is_empty(),
         "the upstream saw the request"
+    );
+    // With the API key placeholder too, in x-api-key or a second Authorization line (the key would
+    // label the request, and the access token would still go to the minting endpoint): refused before
+    // the minting check, on any path, and nothing reaches the upstream.
+    for (target, credentials) in [
+        (
+            "/api/oauth/claude_cli/create_api_key",
+            format!("x-api-key: {PLACEHOLDER}\r\nAuthorization: Bearer {ACCESS_PH}"),
+        ),
+        (
+            "/api/oauth/claude_cli/create_api_key",
+            format!("Authorization: Bearer {ACCESS_PH}\r\nAuthorization: Bearer {PLACEHOLDER}"),
+        ),
+        (
+            "/v1/messages",
+            format!("x-api-key: {PLACEHOLDER}\r\nAuthorization: Bearer {ACCESS_PH}"),
+        ),
+    ] {
+        let mut c = lab.connect("api").await;
+        c.send(
+            format!(
+                "POST {target} HTTP/1.1\r\nHost: {api}\r\n{credentials}\r\nContent-Length: 2\r\n\r\n{{}}"
+            )
+            .as_bytes(),
+        )
+        .await;
+        let got = c.rest().await;
+        let text = String::from_utf8_lossy(&got).into_owned();
+        assert!(text.starts_with("HTTP/1.1 400 "), "{credentials}: {text}");
+        assert!(text.contains("send one credential"), "{text}");
+        assert!(!text.contains(REAL_KEY) && !text.contains(ACCESS), "{text}");
+    }
+    assert!(
+        lab.recorder.for_sni(&api).is_empty(),
+        "the upstream saw a request"
     );
 }
 

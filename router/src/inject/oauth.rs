@@ -234,11 +234,10 @@ impl OAuth {
         Some(Secret::from(token))
     }
 
-    /// Whether this request goes to the token endpoint (host already checked == token_host): a POST to
-    /// exactly the token path, with or without a query.
+    /// Whether this request goes to the token endpoint (host already checked == token_host):
+    /// [`super::oauth_hook::token_request_to`] the configured path.
     pub(crate) fn is_token_request(&self, method: &str, path: &str) -> bool {
-        let bare = path.split_once('?').map_or(path, |(p, _)| p);
-        method == "POST" && bare == self.token_path
+        super::oauth_hook::token_request_to(method, path, &self.token_path)
     }
 
     /// Rewrites a token request body (JSON or form; refresh_token placeholder -> real). Holds the
@@ -1045,6 +1044,7 @@ mod tests {
         assert!(oauth.is_token_request("POST", "/v1/oauth/token?x=1"));
         assert!(!oauth.is_token_request("GET", "/v1/oauth/token"));
         assert!(!oauth.is_token_request("POST", "/v1/oauth/token/x"));
+        assert!(oauth.is_token_request("POST", "/V1/OAuth/Token"));
         assert!(!oauth.is_token_request("POST", "/v1/messages"));
     }
 

@@ -126,6 +126,14 @@ pub(crate) fn is_token_request(hook: &dyn OAuthHook, method: &str, path: &str) -
     hook.is_token_request(method, path)
 }
 
+/// Whether `method` `path` is a token request to `token_path`: a POST to that path, with or without a
+/// query, in any case. The caller normalises the target first (origin form, escapes decoded, dot
+/// segments and empty ones resolved).
+pub(crate) fn token_request_to(method: &str, path: &str, token_path: &str) -> bool {
+    let bare = path.split_once('?').map_or(path, |(p, _)| p);
+    method == "POST" && bare.eq_ignore_ascii_case(token_path)
+}
+
 /// Starts a token exchange: the rewritten body and what finishes it.
 pub(crate) async fn begin(hook: &dyn OAuthHook, content_type: Option<&str>, body: &[u8]) -> Begun {
     hook.begin_token_request(content_type, body).await
@@ -171,7 +179,7 @@ impl OAuthHook for TestStore {
     }
 
     fn is_token_request(&self, method: &str, path: &str) -> bool {
-        method == "POST" && path == "/v1/oauth/token"
+        token_request_to(method, path, "/v1/oauth/token")
     }
 
     fn begin_token_request<'a>(

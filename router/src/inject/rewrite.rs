@@ -37,8 +37,13 @@ pub(crate) struct Swap<'a> {
 pub(crate) struct Rewritten {
     /// The head to send upstream, CRLFCRLF included.
     pub(crate) head: Vec<u8>,
-    /// Which credential was put in.
+    /// Which credential was put in (the API key's when both were: see `both`).
     pub(crate) credential: Credential,
+    /// Whether the real OAuth access token was put in (whatever `credential` says).
+    pub(crate) oauth_added: bool,
+    /// Whether both the API key and the access token were put in: no client needs both, and a request
+    /// carrying both would be authorised by whichever the upstream reads, so it is refused.
+    pub(crate) both: bool,
     /// The request method, as sent.
     pub(crate) method: String,
     /// The request target, as sent.
@@ -141,6 +146,8 @@ pub(crate) fn rewrite_head(
     Some(Rewritten {
         head: out,
         credential,
+        oauth_added: oauth_used,
+        both: api_key_used && oauth_used,
         method,
         target,
         content_type,
@@ -312,6 +319,7 @@ mod tests {
         );
         assert!(text(&r).contains("authorization: Bearer sk-real\r\n"));
         assert_eq!(r.credential, Credential::ApiKey);
+        assert!(!r.oauth_added && !r.both);
         let r = run(
             &format!("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {a}\r\n\r\n"),
             true,
@@ -319,6 +327,17 @@ mod tests {
         );
         assert!(text(&r).contains("Authorization: Bearer real-access\r\n"));
         assert_eq!(r.credential, Credential::OAuth);
+        assert!(r.oauth_added && !r.both);
+        // Both placeholders, in x-api-key and Authorization or in two Authorization lines: both are
+        // added and said, whatever the label.
+        for head in [
+            format!("GET / HTTP/1.1\r\nHost: a\r\nx-api-key: {p}\r\nAuthorization: Bearer {a}\r\n\r\n"),
+            format!("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {a}\r\nAuthorization: Bearer {p}\r\n\r\n"),
+        ] {
+            let r = run(&head, true, true);
+            assert!(r.oauth_added && r.both, "{head}");
+            assert_eq!(r.credential, Credential::ApiKey);
+        }
         // OAuth placeholder on a host that is not an OAuth API host.
         let r = run(
             &format!("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {a}\r\n\r\n"),

@@ -270,7 +270,18 @@ impl Terminated<'_> {
                     )
                     .await;
             };
-            if rewritten.credential == Credential::OAuth && mints_api_key(&rewritten.target) {
+            if rewritten.both {
+                return self
+                    .refuse(
+                        "400 Bad Request",
+                        "the request carries both the API key placeholder and the sign-in placeholder; send one credential",
+                        RefusalReason::BadRequest,
+                    )
+                    .await;
+            }
+            // On whether the access token was added, not on the label: with both, the label is the
+            // API key's.
+            if rewritten.oauth_added && mints_api_key(&rewritten.target) {
                 return self
                     .refuse(
                         "403 Forbidden",
@@ -281,8 +292,11 @@ impl Terminated<'_> {
             }
             let token = match (&inject.oauth, &inject.token_host) {
                 (Some(o), Some(t)) if *t == self.name => {
-                    let path = rewritten.target.split('?').next().unwrap_or_default();
-                    oauth_hook::is_token_request(o.as_ref(), &rewritten.method, path)
+                    // Normalised as for the minting check: an absolute-form target, percent-escapes,
+                    // dot segments or doubled slashes must not make a token request look like another
+                    // one (its response would come back unmasked).
+                    let path = normalised_path(&rewritten.target);
+                    oauth_hook::is_token_request(o.as_ref(), &rewritten.method, &path)
                 }
                 _ => false,
             };
