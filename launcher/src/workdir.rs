@@ -67,6 +67,15 @@ pub enum Refusal {
         /// podman's directory or file.
         path: PathBuf,
     },
+    /// The directory is, contains or lies inside agent-sandbox's own state: the sign-in token store or
+    /// the session directories.
+    #[error("refusing to run in {dir}: it is, contains or lies inside {path}, where agent-sandbox keeps the sign-in tokens it adds or each session's router configuration and keys, which the sandbox could read and change. cd into a project directory first")]
+    State {
+        /// The refused directory.
+        dir: PathBuf,
+        /// agent-sandbox's directory.
+        path: PathBuf,
+    },
     /// The directory contains this program.
     #[error("refusing to run in {dir}: it contains the agent-sandbox program {exe}, which the sandbox could replace. Run from a project directory that does not hold it")]
     ContainsLauncher {
@@ -92,6 +101,11 @@ pub struct Guarded {
     /// podman's storage, configuration and runtime paths: refused themselves, inside and with every
     /// directory containing them.
     pub podman: Vec<PathBuf>,
+    /// agent-sandbox's state: the OAuth token store's directory (`$XDG_STATE_HOME/agent-sandbox`) and
+    /// the session directories' fallback root (`agent-sandbox-UID` in a temp directory, when the
+    /// runtime directory is unusable): refused themselves, inside and with every directory containing
+    /// them.
+    pub state: Vec<PathBuf>,
     /// The launcher's executable: refused with every directory containing it.
     pub executable: Option<PathBuf>,
 }
@@ -146,6 +160,12 @@ pub fn check(dir: &Path, guarded: &Guarded) -> Result<(), Refusal> {
         });
     }
     check_podman_paths(dir, &guarded.podman)?;
+    if let Some(path) = guarded.state.iter().find(|s| related(dir, s)) {
+        return Err(Refusal::State {
+            dir: refuse_dir(),
+            path: path.clone(),
+        });
+    }
     if let Some(exe) = guarded.executable.as_ref().filter(|e| e.starts_with(dir)) {
         return Err(Refusal::ContainsLauncher {
             dir: refuse_dir(),
@@ -235,6 +255,15 @@ impl Guarded {
         ] {
             podman.extend(get(file));
         }
+        // The token store (`crate::oauth::default_store_dir`) and the session directories when they
+        // fall back to a temp directory (`crate::session::rundir`); with a usable runtime directory
+        // they are in it, which is guarded above.
+        let state_home = get("XDG_STATE_HOME").unwrap_or_else(|| home.join(".local/state"));
+        let mut state = vec![state_home.join("agent-sandbox")];
+        for t in &temp_dirs {
+            state.push(t.join(format!("agent-sandbox-{}", id.uid)));
+        }
+        state.push(std::env::temp_dir().join(format!("agent-sandbox-{}", id.uid)));
         let all = |v: Vec<PathBuf>| -> io::Result<Vec<PathBuf>> {
             let mut out: Vec<PathBuf> = Vec::new();
             for p in v {
@@ -251,6 +280,7 @@ impl Guarded {
             temp: all(temp_dirs)?,
             runtime: all(runtime)?,
             podman: all(podman)?,
+            state: all(state)?,
             executable: id.executable.as_deref().map(canon).transpose()?,
         })
     }
@@ -437,6 +467,7 @@ mod tests {
                 "XDG_CONFIG_HOME" => Some("/nonexistent-as/cfg".into()),
                 "CONTAINERS_CONF" => Some("/nonexistent-as/c/containers.conf".into()),
                 "XDG_DATA_HOME" => Some("relative/ignored".into()),
+                "XDG_STATE_HOME" => Some("/nonexistent-as/state".into()),
                 _ => None,
             }
         };
@@ -479,6 +510,29 @@ mod tests {
             Err(Refusal::ContainsLauncher { .. })
         ));
         assert!(check(Path::new("/nonexistent-as/home/sudoer/project"), &g).is_ok());
+        // agent-sandbox's state: the token store's directory and the session directories' fallback,
+        // themselves, inside and above; a sibling is fine.
+        for dir in [
+            "/nonexistent-as/state",
+            "/nonexistent-as/state/agent-sandbox",
+            "/nonexistent-as/state/agent-sandbox/oauth",
+            "/nonexistent-as/tmp/agent-sandbox-4242",
+            "/nonexistent-as/tmp/agent-sandbox-4242/agent-sandbox-s1/inject",
+        ] {
+            assert!(
+                matches!(check(Path::new(dir), &g), Err(Refusal::State { .. })),
+                "{dir}: {:?}",
+                check(Path::new(dir), &g)
+            );
+        }
+        assert!(check(Path::new("/nonexistent-as/state/other"), &g).is_ok());
+        assert!(check(Path::new("/nonexistent-as/tmp/agent-sandbox-4243"), &g).is_ok());
+        // Without XDG_STATE_HOME, the default under the home.
+        let g =
+            Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();
+        assert!(g
+            .state
+            .contains(&p("/nonexistent-as/home/me/.local/state/agent-sandbox")));
     }
 
     #[test]
