@@ -26,6 +26,28 @@ pub(super) struct Checked {
     pub(super) policy: Policy,
     /// Who the sandbox user is.
     pub(super) user: SandboxUser,
+    /// The project directory's device and inode when it was checked.
+    project_id: (u64, u64),
+}
+
+impl Checked {
+    /// Right before podman mounts the project: its path still leads, through no symlink, to the
+    /// directory that was checked. Podman resolves the path again when it mounts; this narrows what a
+    /// process that can rename directories on the way (see [`refuse_inside_a_live_session`]) could do
+    /// in between to the time podman takes to start.
+    pub(super) fn still_the_checked_project(&self) -> anyhow::Result<()> {
+        let resolved = fs::canonicalize(&self.project).ok();
+        let id = fs::metadata(&self.project).ok().map(|m| (m.dev(), m.ino()));
+        if resolved.as_deref() == Some(self.project.as_path()) && id == Some(self.project_id) {
+            return Ok(());
+        }
+        bail!(
+            "refusing to start the sandbox: the project directory {} changed while the session \
+             started (renamed, replaced, or a symlink now on its path). Run agent-sandbox again from \
+             the directory you mean",
+            self.project.display()
+        )
+    }
 }
 
 /// Step 1: the checks. Nothing is created here but the user's allowlist (copied from the default).
@@ -66,6 +88,9 @@ pub(super) fn check_in(
         )
     })?;
     workdir::check(&project, &guarded)?;
+    let project_id = fs::metadata(&project)
+        .map(|m| (m.dev(), m.ino()))
+        .with_context(|| format!("cannot read {}", project.display()))?;
 
     ensure_allowlist(&settings.allowlist)?;
     let allowlist = Allowlist::load(&settings.allowlist)?;
@@ -90,6 +115,7 @@ pub(super) fn check_in(
         .collect::<Result<Vec<_>, _>>()
         .context("cannot resolve podman's storage directories")?;
     workdir::check_podman_paths(&project, &podman_paths)?;
+    refuse_inside_a_live_session(&project, &probes.shared.session_networks)?;
     let (router_image, sandbox_image) = if probes.images_present {
         (Ok(true), Ok(true))
     } else {
@@ -116,8 +142,47 @@ pub(super) fn check_in(
         project,
         policy,
         user,
+        project_id,
     };
     Ok((checked, probes.shared))
+}
+
+/// Refuses a project inside the project of a running session. That session's sandbox can rename
+/// and replace every directory between its project and this one, so it could swap this project for a
+/// symlink (to the home, say) between the checks above and podman's mount of it, which follows the
+/// path again. A project that contains a running session's, or is the same, is not at risk: the other
+/// sandbox sees nothing above its own project.
+fn refuse_inside_a_live_session(
+    project: &Path,
+    session_networks: &Result<String, PodmanError>,
+) -> anyhow::Result<()> {
+    let listing = session_networks.as_ref().map_err(|e| {
+        anyhow::anyhow!(
+            "cannot list the running sessions (to check that none of them holds this project): {e}"
+        )
+    })?;
+    let live =
+        super::stale::live_projects(listing).context("cannot read the list of running sessions")?;
+    refuse_inside(project, &live)
+}
+
+/// [`refuse_inside_a_live_session`] against the running sessions' projects `live`.
+fn refuse_inside(project: &Path, live: &[PathBuf]) -> anyhow::Result<()> {
+    if let Some(outer) = live
+        .iter()
+        .find(|o| project != *o && project.starts_with(o))
+    {
+        bail!(
+            "refusing to run in {}: it is inside {}, the project directory of a running \
+             agent-sandbox session. That session's sandbox can rename the directories on the way \
+             here, and so could make this session mount another directory (your home) instead. \
+             Stop that session first, or run this one from a directory outside {}",
+            project.display(),
+            outer.display(),
+            outer.display()
+        );
+    }
+    Ok(())
 }
 
 /// Read-only podman queries, made at once before any check decides: each podman call costs 20–200 ms
@@ -341,5 +406,87 @@ mod tests {
             format!("{err:#}").starts_with("cannot parse `podman info --format json`: "),
             "{err:#}"
         );
+    }
+
+    #[test]
+    fn a_project_inside_a_running_sessions_is_refused() {
+        let live = [PathBuf::from("/home/me/src"), PathBuf::from("/srv/a/b")];
+        for inside in ["/home/me/src/proj", "/home/me/src/a/b/c", "/srv/a/b/x"] {
+            let err = refuse_inside(Path::new(inside), &live).unwrap_err();
+            assert!(
+                format!("{err:#}")
+                    .contains("the project directory of a running agent-sandbox session"),
+                "{err:#}"
+            );
+        }
+        // The same project, one containing a running session's, a sibling, a name prefix: no risk.
+        for fine in [
+            "/home/me/src",
+            "/home/me",
+            "/home/me/srcx",
+            "/srv/a",
+            "/srv/a/bb",
+        ] {
+            assert!(refuse_inside(Path::new(fine), &live).is_ok(), "{fine}");
+        }
+        assert!(refuse_inside(Path::new("/home/me/src/proj"), &[]).is_ok());
+        // A listing podman could not give, or that cannot be read: refused, saying why.
+        let err =
+            refuse_inside_a_live_session(Path::new("/home/me/p"), &Err(PodmanError::NotInstalled))
+                .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("cannot list the running sessions"),
+            "{err:#}"
+        );
+        assert!(
+            refuse_inside_a_live_session(Path::new("/home/me/p"), &Ok("garbage".into())).is_err()
+        );
+        assert!(refuse_inside_a_live_session(Path::new("/home/me/p"), &Ok("[]".into())).is_ok());
+    }
+
+    #[test]
+    fn the_checked_project_must_still_be_there() {
+        struct Removed(PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
+        let base = std::env::temp_dir().join(format!("as-checked-{}", std::process::id()));
+        let _removed = Removed(base.clone());
+        let project = base.join("proj");
+        fs::create_dir_all(&project).unwrap();
+        let other = base.join("other");
+        fs::create_dir_all(&other).unwrap();
+        let project = project.canonicalize().unwrap();
+        let meta = fs::metadata(&project).unwrap();
+        let checked = Checked {
+            project: project.clone(),
+            policy: Policy::new(&Allowlist::parse("", "test").unwrap()),
+            user: SandboxUser {
+                mapping: crate::podman::UserMapping::KeepId,
+                passwd_entry: None,
+                home: PathBuf::from("/home/me"),
+                host_uid: 1000,
+            },
+            project_id: (meta.dev(), meta.ino()),
+        };
+        assert!(checked.still_the_checked_project().is_ok());
+        // Swapped for a symlink to another directory.
+        fs::rename(&project, base.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&other, &project).unwrap();
+        let err = checked.still_the_checked_project().unwrap_err();
+        assert!(
+            format!("{err:#}").contains("changed while the session"),
+            "{err:#}"
+        );
+        // Replaced by another directory of the same name.
+        fs::remove_file(&project).unwrap();
+        fs::create_dir(&project).unwrap();
+        assert!(checked.still_the_checked_project().is_err());
+        // Moved back: the same directory again.
+        fs::remove_dir(&project).unwrap();
+        fs::rename(base.join("moved"), &project).unwrap();
+        assert!(checked.still_the_checked_project().is_ok());
     }
 }

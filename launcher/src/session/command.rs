@@ -27,6 +27,7 @@ pub(super) fn run_command(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<ExitStatus> {
+    checked.still_the_checked_project()?;
     let spec = sandbox_spec(
         settings,
         checked,
@@ -116,6 +117,7 @@ pub(super) fn run_captured(
     session: &Session,
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
+    checked.still_the_checked_project()?;
     let spec = sandbox_spec(settings, checked, shared, session, command, false);
     podman
         .output(&args::sandbox_run(&spec))

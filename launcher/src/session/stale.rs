@@ -10,7 +10,7 @@ use super::rundir::session_dir;
 use super::say;
 use crate::liveness;
 use crate::podman::json::{Container, Network, Pod};
-use crate::podman::{args, Podman, LABEL_SESSION};
+use crate::podman::{args, Podman, LABEL_PROJECT, LABEL_SESSION};
 
 /// One object of some session, as listed by podman.
 #[derive(Debug)]
@@ -54,6 +54,19 @@ pub(super) fn count(networks_json: &str) -> anyhow::Result<(usize, usize)> {
         .filter(|o| !liveness::is_live(&o.labels, &boot))
         .count();
     Ok((stale, sessions.len() - stale))
+}
+
+/// The project directories of the live sessions in a listing of session networks (every session's
+/// network carries its project's label, and is created before its sandbox and removed after it).
+/// Unlike the sweep, a listing that cannot be read is an error: the caller refuses to start on it.
+/// Sessions whose launcher is gone are left out: the sweep removes them before a new sandbox starts.
+pub(super) fn live_projects(networks_json: &str) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
+    Ok(Network::parse_list(networks_json)?
+        .into_iter()
+        .filter(|n| n.labels.contains_key(LABEL_SESSION) && liveness::is_live(&n.labels, &boot))
+        .filter_map(|n| n.labels.get(LABEL_PROJECT).map(std::path::PathBuf::from))
+        .collect())
 }
 
 /// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
@@ -182,5 +195,34 @@ mod tests {
         assert_eq!(count(&net(me, start + 1)).unwrap(), (1, 0));
         // Labels this version cannot read: not ours to judge live, so swept.
         assert!(any_stale(r#"[{"name":"x","labels":{"agent-sandbox.session":"a"}}]"#).unwrap());
+    }
+
+    #[test]
+    fn live_sessions_projects() {
+        let me = std::process::id();
+        let start = liveness::start_time(me).unwrap();
+        let boot = liveness::boot_id().unwrap();
+        let net = |name: &str, start: u64, project: &str| {
+            serde_json::json!({"name": name, "labels": {
+                LABEL_SESSION: name,
+                crate::podman::LABEL_PID: me.to_string(),
+                crate::podman::LABEL_START: start.to_string(),
+                crate::podman::LABEL_BOOT: boot,
+                LABEL_PROJECT: project,
+            }})
+        };
+        let listing = serde_json::json!([
+            net("a", start, "/home/me/src"),
+            net("b", start + 1, "/home/me/old"),
+            {"name": "c", "labels": {"other": "x"}},
+        ])
+        .to_string();
+        assert_eq!(
+            live_projects(&listing).unwrap(),
+            [std::path::PathBuf::from("/home/me/src")]
+        );
+        assert!(live_projects("[]").unwrap().is_empty());
+        assert!(live_projects("null").unwrap().is_empty());
+        assert!(live_projects("garbage").is_err());
     }
 }
