@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 use tracing::debug;
@@ -94,8 +94,12 @@ enum ReadEnd {
     Error,
 }
 
-/// Reads one length-prefixed message into `buf`; returns its length.
-async fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, ReadEnd> {
+/// Reads one length-prefixed message into `buf`; returns its length. The buffer grows as the bytes
+/// arrive, not to the length the client announced: a prefix alone must not cost 64 KiB per connection.
+async fn read_message<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> Result<usize, ReadEnd> {
     let mut prefix = [0u8; 2];
     match stream.read_exact(&mut prefix[..1]).await {
         Ok(_) => {}
@@ -108,8 +112,14 @@ async fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize
         .map_err(|_| ReadEnd::Error)?;
     let len = usize::from(u16::from_be_bytes(prefix));
     buf.clear();
-    buf.resize(len, 0);
-    stream.read_exact(buf).await.map_err(|_| ReadEnd::Error)?;
+    let read = (&mut *stream)
+        .take(len as u64)
+        .read_to_end(buf)
+        .await
+        .map_err(|_| ReadEnd::Error)?;
+    if read < len {
+        return Err(ReadEnd::Error);
+    }
     Ok(len)
 }
 
@@ -143,6 +153,37 @@ mod tests {
         let mut framed = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
         framed.extend_from_slice(&q);
         framed
+    }
+
+    /// A message announced as 65,535 bytes of which 10 have come: the buffer holds what came, not
+    /// what was announced (it was resized to the announced length before, 64 KiB per connection that
+    /// sent two bytes).
+    #[tokio::test]
+    async fn the_buffer_grows_with_the_bytes_not_the_prefix() {
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client.write_all(&[0xff, 0xff]).await.unwrap();
+        client.write_all(&[7; 10]).await.unwrap();
+        let mut buf = Vec::new();
+        {
+            let read = std::pin::pin!(read_message(&mut server, &mut buf));
+            let waker = std::task::Waker::noop();
+            let polled =
+                std::future::Future::poll(read, &mut std::task::Context::from_waker(waker));
+            assert!(polled.is_pending(), "the rest has not come");
+        }
+        assert_eq!(buf, [7; 10]);
+        assert!(buf.capacity() < 4096, "{}", buf.capacity());
+        // Whole, and cut short.
+        let mut buf = Vec::new();
+        client.write_all(&[0, 3, 1, 2, 3]).await.unwrap();
+        assert!(matches!(read_message(&mut server, &mut buf).await, Ok(3)));
+        assert_eq!(buf, [1, 2, 3]);
+        client.write_all(&[0, 9, 1, 2]).await.unwrap();
+        drop(client);
+        assert!(matches!(
+            read_message(&mut server, &mut buf).await,
+            Err(ReadEnd::Error)
+        ));
     }
 
     /// A connected pair: the client's stream, and the server side's end.
