@@ -260,10 +260,10 @@ impl Guarded {
         // they are in it, which is guarded above.
         let state_home = get("XDG_STATE_HOME").unwrap_or_else(|| home.join(".local/state"));
         let mut state = vec![state_home.join("agent-sandbox")];
+        // (`system_temp_dir`, where they go, is `$TMPDIR` when absolute, else /tmp: both are here.)
         for t in &temp_dirs {
             state.push(t.join(format!("agent-sandbox-{}", id.uid)));
         }
-        state.push(std::env::temp_dir().join(format!("agent-sandbox-{}", id.uid)));
         let all = |v: Vec<PathBuf>| -> io::Result<Vec<PathBuf>> {
             let mut out: Vec<PathBuf> = Vec::new();
             for p in v {
@@ -284,6 +284,16 @@ impl Guarded {
             executable: id.executable.as_deref().map(canon).transpose()?,
         })
     }
+}
+
+/// The temp directory session directories fall back to (`crate::session::rundir`):
+/// `std::env::temp_dir()` (`$TMPDIR`) when it is absolute, else `/tmp`. An empty or relative `$TMPDIR`
+/// would otherwise be taken from the current directory: the project's.
+#[must_use]
+pub fn system_temp_dir() -> PathBuf {
+    Some(std::env::temp_dir())
+        .filter(|t| t.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
 }
 
 /// Canonicalises the longest existing prefix of `path` and appends the rest, so that a path that does
@@ -527,6 +537,29 @@ mod tests {
         }
         assert!(check(Path::new("/nonexistent-as/state/other"), &g).is_ok());
         assert!(check(Path::new("/nonexistent-as/tmp/agent-sandbox-4243"), &g).is_ok());
+        // An empty or relative TMPDIR is not a place session directories go (they fall back to
+        // /tmp), so it guards nothing relative to the project: such a project is not refused.
+        for tmpdir in ["", "tmp", "."] {
+            let vars = |k: &str| (k == "TMPDIR").then(|| OsString::from(tmpdir));
+            let g =
+                Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], vars, &id).unwrap();
+            assert!(
+                g.state.contains(&p("/tmp/agent-sandbox-4242")),
+                "{:?}",
+                g.state
+            );
+            assert!(g
+                .state
+                .iter()
+                .all(|s| s.is_absolute() && s.starts_with("/")));
+            assert!(
+                !g.state
+                    .iter()
+                    .any(|s| s.starts_with(std::env::current_dir().unwrap())),
+                "{tmpdir:?}: {:?}",
+                g.state
+            );
+        }
         // Without XDG_STATE_HOME, the default under the home.
         let g =
             Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();

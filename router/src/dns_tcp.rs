@@ -18,7 +18,7 @@ use tokio::time::{timeout_at, Instant};
 use tracing::debug;
 
 use crate::dns::DnsHandler;
-use crate::dns_udp::respond;
+use crate::dns_udp::{respond, MAX_DATAGRAM};
 
 /// The most queries answered on one connection.
 pub(crate) const MAX_QUERIES: u32 = 100;
@@ -39,6 +39,8 @@ pub(crate) enum End {
     Lifetime,
     /// A message that gets no answer (a response, a runt, length 0).
     Unanswerable,
+    /// A message announced longer than any query ([`MAX_DATAGRAM`], the UDP listener's bound).
+    TooLong,
     /// A read or write error.
     Error,
 }
@@ -65,6 +67,7 @@ pub(crate) async fn serve_connection(
             Err(_) => break End::Idle,
             Ok(Err(ReadEnd::Closed)) => break End::Closed,
             Ok(Err(ReadEnd::Error)) => break End::Error,
+            Ok(Err(ReadEnd::TooLong)) => break End::TooLong,
             Ok(Ok(len)) => len,
         };
         if len == 0 || !respond(handler, &message, client, &mut reply) {
@@ -92,10 +95,14 @@ enum ReadEnd {
     Closed,
     /// EOF inside a message, or an I/O error.
     Error,
+    /// The length prefix announces more than [`MAX_DATAGRAM`].
+    TooLong,
 }
 
-/// Reads one length-prefixed message into `buf`; returns its length. The buffer grows as the bytes
-/// arrive, not to the length the client announced: a prefix alone must not cost 64 KiB per connection.
+/// Reads one length-prefixed message into `buf`; returns its length. A query is at most
+/// [`MAX_DATAGRAM`] bytes, as over UDP (a stub's query is a few hundred): a longer announced length
+/// ends the connection, so one costs at most that much buffer. The buffer grows as the bytes arrive,
+/// not to the announced length.
 async fn read_message<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut Vec<u8>,
@@ -111,6 +118,9 @@ async fn read_message<S: AsyncRead + Unpin>(
         .await
         .map_err(|_| ReadEnd::Error)?;
     let len = usize::from(u16::from_be_bytes(prefix));
+    if len > MAX_DATAGRAM {
+        return Err(ReadEnd::TooLong);
+    }
     buf.clear();
     let read = (&mut *stream)
         .take(len as u64)
@@ -155,13 +165,22 @@ mod tests {
         framed
     }
 
-    /// A message announced as 65,535 bytes of which 10 have come: the buffer holds what came, not
-    /// what was announced (it was resized to the announced length before, 64 KiB per connection that
-    /// sent two bytes).
+    /// A message announced as 4,096 bytes of which 10 have come: the buffer holds what came, not
+    /// what was announced (it was resized to the announced length before, up to 64 KiB per connection
+    /// that sent two bytes). A longer announcement ends the connection at once.
     #[tokio::test]
     async fn the_buffer_grows_with_the_bytes_not_the_prefix() {
         let (mut client, mut server) = tokio::io::duplex(1024);
-        client.write_all(&[0xff, 0xff]).await.unwrap();
+        let mut buf = Vec::new();
+        for too_long in [[0xff, 0xff], [0x10, 0x01]] {
+            client.write_all(&too_long).await.unwrap();
+            assert!(matches!(
+                read_message(&mut server, &mut buf).await,
+                Err(ReadEnd::TooLong)
+            ));
+            assert_eq!(buf.capacity(), 0);
+        }
+        client.write_all(&[0x10, 0x00]).await.unwrap();
         client.write_all(&[7; 10]).await.unwrap();
         let mut buf = Vec::new();
         {
@@ -172,7 +191,7 @@ mod tests {
             assert!(polled.is_pending(), "the rest has not come");
         }
         assert_eq!(buf, [7; 10]);
-        assert!(buf.capacity() < 4096, "{}", buf.capacity());
+        assert!(buf.capacity() < 1024, "{}", buf.capacity());
         // Whole, and cut short.
         let mut buf = Vec::new();
         client.write_all(&[0, 3, 1, 2, 3]).await.unwrap();

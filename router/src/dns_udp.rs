@@ -22,7 +22,7 @@ use tracing::warn;
 use crate::dns::{DnsHandler, Reply};
 
 /// The largest datagram read; anything longer is truncated by the kernel and fails to parse.
-const MAX_DATAGRAM: usize = 4096;
+pub(crate) const MAX_DATAGRAM: usize = 4096;
 /// The header's length.
 const HEADER: usize = 12;
 /// The UDP payload size we advertise in EDNS replies (the DNS-flag-day value).

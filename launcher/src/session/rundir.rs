@@ -35,7 +35,7 @@ fn sessions_root() -> PathBuf {
     sessions_root_for(
         uid,
         std::env::var_os("XDG_RUNTIME_DIR"),
-        std::env::temp_dir(),
+        crate::workdir::system_temp_dir(),
     )
 }
 
