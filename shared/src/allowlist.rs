@@ -123,6 +123,12 @@ pub enum AllowlistError {
         /// The file.
         path: PathBuf,
     },
+    /// The path leads to a FIFO, a device or a directory, which is never read (it could block forever).
+    #[error("allowlist {path} is not a regular file (a FIFO, device or directory); give the path of a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
     /// One or more lines are invalid; every one of them is listed.
     #[error("{}", format_line_errors(source_name, errors))]
     Invalid {
@@ -164,19 +170,33 @@ pub struct Allowlist {
 impl Allowlist {
     /// Reads and parses the allowlist at `path`.
     pub fn load(path: &Path) -> Result<Allowlist, AllowlistError> {
-        let read_err = |source| AllowlistError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(read_err)?;
-        if meta.len() > MAX_ALLOWLIST_BYTES {
+        Allowlist::parse_file(path, &Allowlist::read(path)?)
+    }
+
+    /// Reads the allowlist file at `path` without parsing it: a regular file (a FIFO or device is
+    /// refused, never waited on) of at most [`MAX_ALLOWLIST_BYTES`]. Blocking: one bounded read.
+    pub fn read(path: &Path) -> Result<Vec<u8>, AllowlistError> {
+        let bytes = crate::file::read_capped(path, MAX_ALLOWLIST_BYTES).map_err(|e| match e {
+            crate::file::ReadError::Io(source) => AllowlistError::Read {
+                path: path.to_owned(),
+                source,
+            },
+            crate::file::ReadError::NotAFile => AllowlistError::NotAFile {
+                path: path.to_owned(),
+            },
+        })?;
+        if bytes.len() as u64 > MAX_ALLOWLIST_BYTES {
             return Err(AllowlistError::TooLarge {
                 path: path.to_owned(),
             });
         }
-        let bytes = std::fs::read(path).map_err(read_err)?;
-        let text = String::from_utf8_lossy(&bytes);
-        Allowlist::parse(&text, &path.display().to_string())
+        Ok(bytes)
+    }
+
+    /// Parses the content [`Allowlist::read`] read from `path` (invalid UTF-8 is replaced, so the line
+    /// it is on is reported as invalid).
+    pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<Allowlist, AllowlistError> {
+        Allowlist::parse(&String::from_utf8_lossy(bytes), &path.display().to_string())
     }
 
     /// Parses allowlist text; `source_name` (usually the path) prefixes every error message.
@@ -353,6 +373,44 @@ mod tests {
 
     fn host(s: &str) -> HostName {
         HostName::parse(s).unwrap()
+    }
+
+    /// A FIFO at the path (or a symlink to a device) fails at once with an error naming the path, rather
+    /// than waiting for a writer (or reading without end); an oversized file is refused.
+    #[test]
+    fn a_fifo_or_device_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("as-allowlist-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("allowed-hosts");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let zero = dir.join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for path in [fifo, zero] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(Allowlist::load(&p).map_err(|e| e.to_string()));
+            });
+            let err = rx
+                .recv_timeout(std::time::Duration::from_secs(5))
+                .expect("Allowlist::load returns at once")
+                .unwrap_err();
+            assert_eq!(
+                err,
+                format!(
+                    "allowlist {} is not a regular file (a FIFO, device or directory); give the path of a regular file",
+                    path.display()
+                )
+            );
+        }
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'a'; 2 * 1024 * 1024]).unwrap();
+        let err = Allowlist::load(&big).unwrap_err().to_string();
+        assert!(err.contains("is larger than 1048576 bytes"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

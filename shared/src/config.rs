@@ -44,7 +44,7 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 pub const MAX_ANSWER_TTL: u32 = 86_400;
 
 /// The largest configuration file read.
-const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The router's whole configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +168,12 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The path leads to a FIFO, a device or a directory, which is never read (it could block forever).
+    #[error("router configuration {path} is not a regular file (a FIFO, device or directory); give the path of a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
     /// The TOML does not parse or has unknown fields.
     #[error("router configuration {path} is not valid: {message}")]
     Syntax {
@@ -248,19 +254,37 @@ pub struct Limits {
 impl RouterConfig {
     /// Reads a TOML configuration file.
     pub fn load(path: &Path) -> Result<RouterConfig, ConfigError> {
-        let read_err = |source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(read_err)?;
-        if meta.len() > MAX_CONFIG_BYTES {
+        RouterConfig::parse_file(path, &RouterConfig::read(path)?)
+    }
+
+    /// Reads the configuration file at `path` without parsing it: a regular file (a FIFO or device is
+    /// refused, never waited on) of at most [`MAX_CONFIG_BYTES`]. Blocking: one bounded read.
+    pub fn read(path: &Path) -> Result<Vec<u8>, ConfigError> {
+        let bytes = crate::file::read_capped(path, MAX_CONFIG_BYTES).map_err(|e| match e {
+            crate::file::ReadError::Io(source) => ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            },
+            crate::file::ReadError::NotAFile => ConfigError::NotAFile {
+                path: path.to_owned(),
+            },
+        })?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
             return Err(ConfigError::Syntax {
                 path: path.to_owned(),
                 message: format!("larger than {MAX_CONFIG_BYTES} bytes"),
             });
         }
-        let text = std::fs::read_to_string(path).map_err(read_err)?;
-        RouterConfig::from_toml(&text).map_err(|message| ConfigError::Syntax {
+        Ok(bytes)
+    }
+
+    /// Parses the content [`RouterConfig::read`] read from `path`.
+    pub fn parse_file(path: &Path, bytes: &[u8]) -> Result<RouterConfig, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })?;
+        RouterConfig::from_toml(text).map_err(|message| ConfigError::Syntax {
             path: path.to_owned(),
             message,
         })
@@ -499,6 +523,36 @@ mod tests {
         });
         c.allowlist = Some("/home/me/.config/agent-sandbox/allowed-hosts".into());
         c
+    }
+
+    /// A FIFO given as `--config` fails at once with an error naming the path, rather than waiting for
+    /// a writer.
+    #[test]
+    fn a_fifo_config_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("as-config-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("router.toml");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(RouterConfig::load(&p).map_err(|e| e.to_string()));
+        });
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("RouterConfig::load returns at once")
+            .unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "router configuration {} is not a regular file (a FIFO, device or directory); give the path of a regular file",
+                fifo.display()
+            )
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

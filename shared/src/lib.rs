@@ -2,12 +2,13 @@
 //! plan (which loopback address each name resolves to inside the sandbox, which ports the router and the
 //! forwarder listen on), and the router's configuration file.
 //!
-//! This crate does no I/O beyond reading the file it is given, so every decision can be tested as a table.
+//! This crate does no I/O beyond reading the file it is given ([`file`]), so every decision can be tested as a table.
 //! The exceptions are behind cargo features: `net`, the accept step both servers share (`net`), and
 //! `oauth-store`, the host-side OAuth token store (`oauth_store`).
 
 pub mod allowlist;
 pub mod config;
+pub mod file;
 pub mod groups;
 pub mod inject;
 pub mod logs;
