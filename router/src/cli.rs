@@ -6,10 +6,15 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use agent_sandbox_shared::config::{ForwardConfig, RouterConfig};
 use agent_sandbox_shared::{Allowlist, Entry, HostName, Policy};
 use clap::{Parser, ValueEnum};
+use tracing::warn;
+
+use crate::reload::{Loaded, Source};
+use crate::watch::Fingerprint;
 
 /// Default listeners of the standalone gateway.
 const DEFAULT_DNS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 53);
@@ -192,6 +197,9 @@ pub struct Built {
     pub config: RouterConfig,
     /// Allowlist warnings (duplicates, covered entries), already formatted with file and line.
     pub warnings: Vec<String>,
+    /// The files read (`--config`, `--allowlist`), each with the fingerprint of the very content the
+    /// configuration was built from: what their watches compare against.
+    pub read: Vec<(PathBuf, Fingerprint)>,
 }
 
 impl Cli {
@@ -208,10 +216,42 @@ impl Cli {
         self.build(false)
     }
 
+    /// How a live reload re-reads what this command line names: [`Cli::build_config_for_reload`],
+    /// validated, with the fingerprints of the content read. Errors become their message alone: the
+    /// parsers' messages already carry their causes (file, line, the I/O error), and the reload log
+    /// prints each line of it once. Blocking: the reload calls it on the blocking pool.
+    #[must_use]
+    pub fn reload_source(&self) -> Source {
+        let cli = self.clone();
+        Arc::new(move || {
+            let built = cli
+                .build_config_for_reload()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            for w in &built.warnings {
+                warn!("allowlist: {w}");
+            }
+            let config = built
+                .config
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(Loaded {
+                config,
+                read: built.read,
+            })
+        })
+    }
+
     fn build(&self, strict: bool) -> Result<Built, BuildError> {
         let mut warnings = Vec::new();
+        let mut read = Vec::new();
+        // Each file is read once: the configuration is built from those bytes, and their fingerprint is
+        // what the file's watch compares against.
         let mut config = match &self.config {
-            Some(path) => RouterConfig::load(path)?,
+            Some(path) => {
+                let bytes = RouterConfig::read(path)?;
+                read.push((path.clone(), Fingerprint::of_bytes(&bytes)));
+                RouterConfig::parse_file(path, &bytes)?
+            }
             None => {
                 if self.allowlist.is_none() {
                     return Err(UsageError::NoPolicy.into());
@@ -226,7 +266,9 @@ impl Cli {
         };
 
         if let Some(path) = &self.allowlist {
-            let list = Allowlist::load(path)?;
+            let bytes = Allowlist::read(path)?;
+            read.push((path.clone(), Fingerprint::of_bytes(&bytes)));
+            let list = Allowlist::parse_file(path, &bytes)?;
             // Refused clients are told which file to edit: the one given here.
             config.allowlist = Some(path.display().to_string());
             warnings.extend(
@@ -306,7 +348,11 @@ impl Cli {
         if let Some(n) = self.wildcard_lookups_per_minute {
             config.wildcard_lookups_per_minute = n;
         }
-        Ok(Built { config, warnings })
+        Ok(Built {
+            config,
+            warnings,
+            read,
+        })
     }
 }
 

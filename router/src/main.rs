@@ -52,7 +52,7 @@ fn main() -> ExitCode {
         || std::thread::available_parallelism().map_or(1, usize::from),
         usize::from,
     );
-    let served = control(&cli).and_then(|control| {
+    let served = control(&cli, built.read).and_then(|control| {
         let sets = bind_workers(&config, workers)?;
         run(config, sets, control, |handles| {
             // Signal handlers go in before readiness is reported, so a SIGTERM right after the
@@ -76,8 +76,12 @@ fn say(message: &str) {
     let _ = writeln!(std::io::stderr(), "{message}");
 }
 
-/// The reload source, the files to watch, the drain time and the admin listener, from the flags.
-fn control(cli: &Cli) -> anyhow::Result<Control> {
+/// The reload source, the files to watch (`read`: each with the fingerprint of the content the policy
+/// in force was built from), the drain time and the admin listener, from the flags.
+fn control(
+    cli: &Cli,
+    read: Vec<(std::path::PathBuf, agent_sandbox_router::watch::Fingerprint)>,
+) -> anyhow::Result<Control> {
     let admin = match cli.admin {
         Some(addr) => {
             let l = std::net::TcpListener::bind(addr)
@@ -88,22 +92,10 @@ fn control(cli: &Cli) -> anyhow::Result<Control> {
         }
         None => None,
     };
-    let again = cli.clone();
-    // Errors become their message alone: the parsers' messages already carry their causes (file, line,
-    // the I/O error), and the reload log prints each line of it once.
-    let reload: agent_sandbox_router::reload::Source = Box::new(move || {
-        let built = again
-            .build_config_for_reload()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for w in &built.warnings {
-            warn!("allowlist: {w}");
-        }
-        built.config.validate().map_err(|e| anyhow::anyhow!("{e}"))
-    });
     Ok(Control {
         drain_for: Duration::from_secs(cli.drain_seconds),
-        reload: Some(reload),
-        watch: cli.allowlist.iter().chain(&cli.config).cloned().collect(),
+        reload: Some(cli.reload_source()),
+        watch: read,
         admin,
         ..Control::default()
     })

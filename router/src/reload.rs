@@ -2,7 +2,10 @@
 //!
 //! How it fits: SIGHUP ([`crate::Handles::reload`]) and the allowlist watch ([`crate::watch`]) wake the
 //! reload task on the first worker, which calls [`Reloader::reload`]. A reload (1) re-reads everything the
-//! command line names, through the same parsing and validation as at start-up; (2) refuses changes that
+//! command line names, on the blocking pool (so a slow file never stalls the worker's DNS), through the
+//! same parsing and validation as at start-up; a reload a watch asked for goes on only if every file was
+//! read with the content the watch saw settle (otherwise it is skipped, and the watch reports the file
+//! again once it settles), while SIGHUP applies the files as they are; (2) refuses changes that
 //! need a restart (listener addresses, resolvers, limits, `[inject]`); (3) binds the listeners of `host:port` entries
 //! the new policy adds, one per worker; and only when all of that succeeded (4) replaces the rules every
 //! worker reads ([`crate::live`]), hands the new listeners to the workers and closes the listeners of
@@ -12,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_sandbox_shared::config::ListenConfig;
@@ -23,10 +27,22 @@ use tracing::{info, warn};
 use crate::bind::bind_forward;
 use crate::live::LiveRules;
 use crate::metrics::Metrics;
+use crate::watch::{Fingerprint, Settled};
 use crate::workers::Command;
 
-/// Re-reads the configuration the process was started with (files and flags), validated.
-pub type Source = Box<dyn FnMut() -> anyhow::Result<ValidConfig> + Send>;
+/// What a reload read: the validated configuration, and each file it was built from with the
+/// fingerprint of the content read.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The configuration, validated.
+    pub config: ValidConfig,
+    /// The files read, each with the fingerprint of the content the configuration was built from.
+    pub read: Vec<(PathBuf, Fingerprint)>,
+}
+
+/// Re-reads the configuration the process was started with (files and flags), validated. Blocking: a
+/// reload calls it on the blocking pool.
+pub type Source = Arc<dyn Fn() -> anyhow::Result<Loaded> + Send + Sync>;
 
 /// What a reload may not change without a restart, as in force.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +134,11 @@ pub enum ReloadError {
     /// A new entry's listener could not be bound.
     #[error("{0:#}")]
     Bind(anyhow::Error),
+    /// A watch asked for the reload, and the file was read with other content than the watch saw
+    /// settle: it changed again (a write in progress), so it is not applied; its watch reports it once
+    /// it settles.
+    #[error("{} changed again after it settled and was not applied; it is reloaded once it stays the same", .0.display())]
+    Unsettled(PathBuf),
 }
 
 /// Re-reads and applies the configuration.
@@ -198,10 +219,28 @@ impl Reloader {
         self.source.is_some()
     }
 
-    /// Reloads and logs the outcome in one line (and each error on its own line before it).
-    pub(crate) fn reload(&mut self) {
+    /// Reloads and logs the outcome in one line (and each error on its own line before it). The files
+    /// are read on the blocking pool, so a slow file system never stalls this worker's DNS. `settled`:
+    /// a watch asked for this reload, and only content the watches saw settle may be applied (SIGHUP
+    /// passes `None`: an operator's request applies the files as they are).
+    pub(crate) async fn reload(&mut self, settled: Option<&Settled>) {
+        let read = match self.source.clone() {
+            None => Err(ReloadError::NoSource),
+            Some(source) => match tokio::task::spawn_blocking(move || source()).await {
+                Ok(read) => read.map_err(ReloadError::Invalid),
+                Err(e) => Err(ReloadError::Invalid(anyhow::anyhow!(
+                    "reading the configuration failed: {e}"
+                ))),
+            },
+        };
+        self.apply(read, settled);
+    }
+
+    /// Applies what a reload read, if it is valid (and, with `settled`, was read as it settled), and logs
+    /// the outcome.
+    fn apply(&mut self, read: Result<Loaded, ReloadError>, settled: Option<&Settled>) {
         let before = self.entries;
-        match self.try_reload() {
+        match read.and_then(|loaded| self.try_apply(loaded, settled)) {
             Ok(applied) => {
                 self.metrics.reload_succeeded(applied.after);
                 info!(
@@ -215,6 +254,14 @@ impl Reloader {
                     applied.after,
                     if applied.opened.is_empty() { String::new() } else { format!("; listening for {}", applied.opened.join(", ")) },
                     if applied.closed.is_empty() { String::new() } else { format!("; closed {} (open connections go on)", applied.closed.join(", ")) },
+                );
+            }
+            // Not a failure: the watch reports the file again once it settles.
+            Err(error @ ReloadError::Unsettled(_)) => {
+                info!(
+                    result = "skipped",
+                    entries_before = before,
+                    "reload skipped: {error}; the current policy ({before} entries) stays in force"
                 );
             }
             Err(error) => {
@@ -234,9 +281,15 @@ impl Reloader {
     }
 
     /// The reload proper: everything that can fail happens before anything is applied.
-    fn try_reload(&mut self) -> Result<Applied, ReloadError> {
-        let source = self.source.as_mut().ok_or(ReloadError::NoSource)?;
-        let new = source().map_err(ReloadError::Invalid)?;
+    fn try_apply(
+        &mut self,
+        loaded: Loaded,
+        settled: Option<&Settled>,
+    ) -> Result<Applied, ReloadError> {
+        if let Some(path) = settled.and_then(|s| s.unsettled(&loaded.read)) {
+            return Err(ReloadError::Unsettled(path.to_owned()));
+        }
+        let new = loaded.config;
         let changes = self.fixed.changes(&Fixed::of(&new));
         if !changes.is_empty() {
             return Err(ReloadError::NeedsRestart(changes));
@@ -335,6 +388,93 @@ mod tests {
             ));
         }
         RouterConfig::from_toml(&toml).unwrap().validate().unwrap()
+    }
+
+    /// A reload a watch asked for applies the content the watch saw settle, never content that changed
+    /// again before the reload read it (a writer that started again: the last line torn, still a valid
+    /// name); SIGHUP applies the file as it is.
+    #[tokio::test]
+    async fn a_watch_reload_applies_only_settled_content() {
+        use clap::Parser as _;
+        /// Removes the test's directory however the test ends.
+        struct Removed(std::path::PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Removed(
+            std::env::temp_dir().join(format!("asr-reload-settled-{}", std::process::id())),
+        );
+        let _ = std::fs::remove_dir_all(&dir.0);
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let list = dir.0.join("allowed-hosts");
+        std::fs::write(&list, "keep.test\n").unwrap();
+        let cli = crate::cli::Cli::parse_from([
+            "agent-sandbox-router",
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "127.0.0.2",
+            "--resolver",
+            "127.0.0.1:9",
+        ]);
+        let built = cli.build_config().unwrap();
+        let config = built.config.validate().unwrap();
+        let rules = crate::live::Live::new(config.rules.clone());
+        let mut reloader = Reloader::new(
+            Some(cli.reload_source()),
+            &config,
+            rules.clone(),
+            Arc::new(BTreeMap::new()),
+            CancellationToken::new(),
+            Vec::new(),
+            Arc::new(Metrics::new()),
+        );
+        let allows = |name: &str| rules.load().policy.allows(&HostName::parse(name).unwrap());
+
+        // The real watch sees the new content settle and publishes it; it is then stopped, so that
+        // nothing but this test decides when the reload reads.
+        let settled = Settled::default();
+        let (path, loaded) = built.read[0].clone();
+        let watch = crate::watch::AllowlistWatch::loaded(path, loaded)
+            .with_timing(
+                std::time::Duration::from_millis(20),
+                std::time::Duration::from_millis(10),
+            )
+            .publishing(settled.clone());
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(watch.run(Arc::clone(&changed), stop.clone()));
+        std::fs::write(&list, "keep.test\nintranet.mycorp.org.nz\n").unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), changed.notified())
+            .await
+            .expect("the watch reports the change");
+        stop.cancel();
+        task.await.unwrap();
+
+        // A writer starts again before the reload reads: the reload sees a torn last line.
+        std::fs::write(
+            &list,
+            "keep.test\nintranet.mycorp.org.nz\nintranet.mycorp.o",
+        )
+        .unwrap();
+        reloader.reload(Some(&settled)).await;
+        assert!(!allows("intranet.mycorp.o"), "torn content was applied");
+        assert!(!allows("intranet.mycorp.org.nz"), "nothing was applied");
+        assert_eq!(reloader.entries, 1);
+
+        // The settled content itself is applied.
+        std::fs::write(&list, "keep.test\nintranet.mycorp.org.nz\n").unwrap();
+        reloader.reload(Some(&settled)).await;
+        assert!(allows("intranet.mycorp.org.nz"));
+        assert_eq!(reloader.entries, 2);
+
+        // SIGHUP: the operator's request applies the file as it is.
+        std::fs::write(&list, "keep.test\n").unwrap();
+        reloader.reload(None).await;
+        assert!(!allows("intranet.mycorp.org.nz"));
+        assert_eq!(reloader.entries, 1);
     }
 
     #[test]

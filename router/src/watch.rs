@@ -1,12 +1,15 @@
 //! Noticing that the allowlist file changed, so the router reloads it without a SIGHUP.
 //!
-//! How it fits: `main` creates an [`AllowlistWatch`] for `--allowlist` before it loads the policy (so a
-//! change in between is not missed), then runs [`AllowlistWatch::run`] on a task; each change wakes the
-//! reload task through a [`Notify`], the same task SIGHUP wakes. A `Notify` holds at most one permit, so
-//! changes that arrive while a reload runs are folded into one more reload, never queued up.
+//! How it fits: the configuration in force was built from one read of each file (`--config`,
+//! `--allowlist`), and each file's [`AllowlistWatch`] starts from the [`Fingerprint`] of those very bytes
+//! ([`crate::cli::Built::read`]), so a change at any moment after that read, start-up included, is a
+//! change. [`AllowlistWatch::run`] runs on a task; each settled change wakes the reload task through a
+//! [`Notify`]. A `Notify` holds at most one permit, so changes that arrive while a reload runs are folded
+//! into one more reload, never queued up.
 //!
 //! Content polling rather than inotify: every [`DEFAULT_INTERVAL`] the file is opened through its path
-//! (following symlinks, as the reload will), read up to the allowlist size cap, and hashed. That sees
+//! (following symlinks, as the reload will), read as the reload reads it (a FIFO or device is never
+//! read; at most the configuration file's size cap), and hashed. That sees
 //! every way the file can change, with no special case for any of them: a Kubernetes ConfigMap update
 //! (the `..data` symlink in the mounted directory is swapped to a new timestamped directory; the file is
 //! never written in place), a rename over the file, an in-place write, a symlink whose target lives in a
@@ -18,23 +21,38 @@
 //! the change is noticed within one interval plus [`DEFAULT_SETTLE`], well inside the 5 s promised.
 //!
 //! A change is reported only once the content has stayed the same for one settle period, so a file
-//! being written in several pieces is reloaded once, whole, rather than failing on a torn read first.
-//! A missing or unreadable file is a state like any content: its appearance is one change (the reload
-//! reports the failure), and while it stays missing nothing fires and nothing spins.
+//! being written in several pieces is reloaded once, whole, rather than failing on a torn read first. A
+//! file that keeps changing for [`MAX_SETTLE_ROUNDS`] settle periods is not reported at all: a warning
+//! says so, the rules in force stay, and the next interval looks again. What settled is published in
+//! [`Settled`], and a reload a watch asked for applies only content read with that fingerprint: a write
+//! that starts after the content settled is never applied half-done (its watch reports it once it
+//! settles in turn). Settling cannot tell a writer that pauses longer than the settle period from one
+//! that is done; writing a new file and renaming it over the old one is the way to change a file in one
+//! step. A missing or unreadable file is a state like any content: its appearance is one change (the
+//! reload reports the failure), and while it stays missing nothing fires and nothing spins.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::hash::Hasher as _;
-use std::io::Read as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agent_sandbox_shared::allowlist::MAX_ALLOWLIST_BYTES;
+use agent_sandbox_shared::config::MAX_CONFIG_BYTES;
+use agent_sandbox_shared::file::{read_capped, ReadError};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
+
+/// The most read of a watched file: the larger of the allowlist's and the configuration file's caps, so
+/// a file the reload can load is fingerprinted whole, as the reload fingerprints it.
+const MAX_WATCHED_BYTES: u64 = if MAX_ALLOWLIST_BYTES > MAX_CONFIG_BYTES {
+    MAX_ALLOWLIST_BYTES
+} else {
+    MAX_CONFIG_BYTES
+};
 
 /// How often the file is read.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,9 +60,9 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// How long new content must stay unchanged before it is reported.
 pub const DEFAULT_SETTLE: Duration = Duration::from_millis(250);
 
-/// Settle rounds after which a file that keeps changing is reported anyway, so a file rewritten
-/// continuously still gets reloaded (and its failures logged) rather than never.
-const MAX_SETTLE_ROUNDS: u32 = 8;
+/// Settle reads after which a file that keeps changing is given up on until the next interval: it is not
+/// reported (its content may be half-written), a warning says so, and the next interval tries again.
+pub const MAX_SETTLE_ROUNDS: u32 = 8;
 
 /// What a read of the file found; two reads that give equal fingerprints saw the same thing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,50 +83,55 @@ pub enum Fingerprint {
 }
 
 impl Fingerprint {
-    /// Reads `path` (following symlinks) and fingerprints what is there. Blocking: call it off the
-    /// async workers.
+    /// Reads `path` (following symlinks) and fingerprints what is there, read as the reload reads it
+    /// (a FIFO or device is never read). Blocking: call it off the async workers.
     #[must_use]
     pub fn of(path: &Path) -> Fingerprint {
-        let unreadable = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::NotFound => Fingerprint::Missing,
-            kind => Fingerprint::Unreadable(kind),
-        };
-        // Non-blocking, so a FIFO put in the file's place opens at once instead of waiting for a
-        // writer; the type is then checked on the opened descriptor, leaving no window for a swap.
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-        {
-            Ok(f) => f,
-            Err(e) => return unreadable(e),
-        };
-        match file.metadata() {
-            Ok(meta) if !meta.is_file() => return Fingerprint::NotAFile,
-            Ok(_) => {}
-            Err(e) => return unreadable(e),
-        }
-        // One byte past the cap is enough to tell "too large" apart, and bounds the read whatever the
-        // file's size.
-        let mut limited = file.take(MAX_ALLOWLIST_BYTES + 1);
-        let mut hasher = DefaultHasher::new();
-        let mut buf = [0u8; 16 * 1024];
-        let mut len = 0u64;
-        loop {
-            match limited.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    hasher.write(&buf[..n]);
-                    len += n as u64;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return unreadable(e),
+        match read_capped(path, MAX_WATCHED_BYTES) {
+            Ok(bytes) => Fingerprint::of_bytes(&bytes),
+            Err(ReadError::NotAFile) => Fingerprint::NotAFile,
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                Fingerprint::Missing
             }
+            Err(ReadError::Io(e)) => Fingerprint::Unreadable(e.kind()),
         }
+    }
+
+    /// The fingerprint of content already read: what [`Fingerprint::of`] gives for a file holding
+    /// `bytes` (up to one byte past the cap).
+    #[must_use]
+    pub fn of_bytes(bytes: &[u8]) -> Fingerprint {
+        let mut hasher = DefaultHasher::new();
+        hasher.write(bytes);
         Fingerprint::Content {
-            len,
+            len: bytes.len() as u64,
             hash: hasher.finish(),
         }
+    }
+}
+
+/// What each watch last saw settle (or, before any change, the content the policy in force was loaded
+/// from), by path. A reload a watch asked for applies only content read with these fingerprints, so
+/// what changed again after it settled (a write in progress) is never applied torn.
+#[derive(Clone, Debug, Default)]
+pub struct Settled(Arc<Mutex<HashMap<PathBuf, Fingerprint>>>);
+
+impl Settled {
+    fn set(&self, path: &Path, fingerprint: Fingerprint) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(path.to_owned(), fingerprint);
+    }
+
+    /// The first of the files `read` (with the fingerprints of the content read) that a watch covers and
+    /// that was read with other content than the watch saw settle; `None` if every one matches.
+    #[must_use]
+    pub fn unsettled<'a>(&self, read: &'a [(PathBuf, Fingerprint)]) -> Option<&'a Path> {
+        let settled = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        read.iter()
+            .find(|(path, seen)| settled.get(path).is_some_and(|s| s != seen))
+            .map(|(path, _)| path.as_path())
     }
 }
 
@@ -123,24 +146,43 @@ pub struct AllowlistWatch {
     settle: Duration,
     /// What the last reported (or the initial) read found.
     reported: Fingerprint,
+    /// Where settled content is published for the reload.
+    settled: Settled,
     /// Reads done so far, for tests that must know the watcher looked without a change to report.
     polls: Arc<AtomicU64>,
 }
 
 impl AllowlistWatch {
-    /// Takes the initial fingerprint of `path` now (blocking, one read). Create the watch before loading
-    /// the policy from the same file, so a change between the two is reported rather than lost.
+    /// Takes the initial fingerprint of `path` now (blocking, one read). A watch for a file a policy was
+    /// loaded from is made with [`AllowlistWatch::loaded`] instead, so a change after that load but
+    /// before this read is not taken for the content in force.
     #[must_use]
     pub fn new(path: impl Into<PathBuf>) -> AllowlistWatch {
         let path = path.into();
         let reported = Fingerprint::of(&path);
+        AllowlistWatch::loaded(path, reported)
+    }
+
+    /// A watch for `path` whose content in force is `loaded`: the fingerprint of the very bytes the
+    /// policy in force was parsed from. Any other content is a change.
+    #[must_use]
+    pub fn loaded(path: impl Into<PathBuf>, loaded: Fingerprint) -> AllowlistWatch {
         AllowlistWatch {
-            path,
+            path: path.into(),
             interval: DEFAULT_INTERVAL,
             settle: DEFAULT_SETTLE,
-            reported,
+            reported: loaded,
+            settled: Settled::default(),
             polls: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Publishes what this watch sees settle (and, from the start, the content in force) in `settled`,
+    /// which the reload checks the content it read against.
+    #[must_use]
+    pub fn publishing(mut self, settled: Settled) -> AllowlistWatch {
+        self.settled = settled;
+        self
     }
 
     /// Reads every `interval` and waits `settle` for new content to stay put (tests use short ones).
@@ -158,11 +200,15 @@ impl AllowlistWatch {
     }
 
     /// Polls until `shutdown` is cancelled, calling `changed.notify_one()` once per settled change.
+    /// Content that never settles is not reported: the rules in force stay, with a warning.
     pub async fn run(mut self, changed: Arc<Notify>, shutdown: CancellationToken) {
         info!(path = %self.path.display(), "watching the allowlist for changes every {:?}", self.interval);
+        self.settled.set(&self.path, self.reported.clone());
         let mut ticks = tokio::time::interval(self.interval);
         // After a slow read, carry on from now rather than firing the missed ticks back to back.
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Whether the file's not settling has been logged since it last settled.
+        let mut warned = false;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -172,9 +218,11 @@ impl AllowlistWatch {
                 return;
             };
             if seen == self.reported {
+                warned = false;
                 continue;
             }
             // Changed: wait until two reads one settle period apart agree.
+            let mut settled = false;
             for _ in 0..MAX_SETTLE_ROUNDS {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -184,11 +232,28 @@ impl AllowlistWatch {
                     return;
                 };
                 if again == seen {
+                    settled = true;
                     break;
                 }
                 seen = again;
             }
+            if !settled {
+                if !warned {
+                    warn!(
+                        path = %self.path.display(),
+                        "the allowlist keeps changing (it did not stay the same for {:?} in {} reads): \
+                         the rules in force stay until it does; to change it in one step, write a new \
+                         file and rename it over the old one",
+                        self.settle,
+                        MAX_SETTLE_ROUNDS
+                    );
+                    warned = true;
+                }
+                continue;
+            }
+            warned = false;
             debug!(path = %self.path.display(), ?seen, "allowlist changed");
+            self.settled.set(&self.path, seen.clone());
             self.reported = seen;
             changed.notify_one();
         }
@@ -232,12 +297,12 @@ mod tests {
         let big = dir.join("big");
         std::fs::write(
             &big,
-            vec![b'a'; usize::try_from(MAX_ALLOWLIST_BYTES).unwrap() + 100],
+            vec![b'a'; usize::try_from(MAX_WATCHED_BYTES).unwrap() + 100],
         )
         .unwrap();
         assert!(matches!(
             Fingerprint::of(&big),
-            Fingerprint::Content { len, .. } if len == MAX_ALLOWLIST_BYTES + 1
+            Fingerprint::Content { len, .. } if len == MAX_WATCHED_BYTES + 1
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -36,7 +36,7 @@ use crate::live::{Live, LiveRules};
 use crate::metrics::{CloseReason, DnsResult, Metrics, RefusalReason};
 use crate::proxy::Stop;
 use crate::reload::{Reloader, Source};
-use crate::watch::AllowlistWatch;
+use crate::watch::{AllowlistWatch, Fingerprint, Settled};
 use crate::{admin, coalesce, dns, dns_udp, proxy};
 
 /// How long in-flight work may take to finish after shutdown is requested. SIGTERM must exit within a
@@ -59,8 +59,10 @@ pub struct Control {
     /// How a reload re-reads the configuration; `None`: reloads are refused (logged) and nothing is
     /// watched.
     pub reload: Option<Source>,
-    /// Files whose content changes trigger a reload (the allowlist; the configuration file).
-    pub watch: Vec<PathBuf>,
+    /// Files whose content changes trigger a reload (the allowlist; the configuration file), each with
+    /// the fingerprint of the content the configuration in force was built from
+    /// ([`crate::cli::Built::read`]): any other content is a change.
+    pub watch: Vec<(PathBuf, Fingerprint)>,
     /// The admin endpoint's listener (`--admin`), bound by the caller.
     pub admin: Option<std::net::TcpListener>,
 }
@@ -326,8 +328,8 @@ struct ControlTasks {
     admin: Option<std::net::TcpListener>,
     /// What `/readyz` and `/metrics` report.
     admin_state: Arc<AdminState>,
-    /// Files to watch for a reload.
-    watch: Vec<PathBuf>,
+    /// Files to watch for a reload, with the fingerprints of the content in force.
+    watch: Vec<(PathBuf, Fingerprint)>,
     /// Re-reads and applies the configuration.
     reloader: Reloader,
     /// How long a drain may take.
@@ -362,10 +364,16 @@ impl ControlTasks {
                 shutdown.clone(),
             ));
         }
+        // The watches wake the reload task through `changed`, SIGHUP through `handles.reload`: a reload
+        // a watch asked for applies only content the watches saw settle.
+        let changed = Arc::new(Notify::new());
+        let settled = Settled::default();
         if reloader.can_reload() {
-            for path in watch {
+            for (path, loaded) in watch {
                 tokio::spawn(
-                    AllowlistWatch::new(path).run(Arc::clone(&handles.reload), shutdown.clone()),
+                    AllowlistWatch::loaded(path, loaded)
+                        .publishing(settled.clone())
+                        .run(Arc::clone(&changed), shutdown.clone()),
                 );
             }
         }
@@ -373,9 +381,14 @@ impl ControlTasks {
         let stop = shutdown.clone();
         tokio::spawn(async move {
             loop {
+                let check = tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = requests.notified() => None,
+                    () = changed.notified() => Some(&settled),
+                };
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = requests.notified() => reloader.reload(),
+                    () = reloader.reload(check) => {}
                 }
             }
         });
@@ -576,6 +589,156 @@ async fn run_worker(
 mod tests {
     use super::*;
     use crate::bind_workers;
+
+    /// A temporary directory, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let dir =
+                std::env::temp_dir().join(format!("asr-workers-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The standalone gateway's command line on loopback, allowing what `list` holds.
+    fn loopback_cli(list: &std::path::Path) -> crate::cli::Cli {
+        use clap::Parser as _;
+        crate::cli::Cli::parse_from([
+            "agent-sandbox-router",
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "127.0.0.2",
+            "--resolver",
+            "127.0.0.1:9",
+            "--dns",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--https",
+            "127.0.0.1:0",
+        ])
+    }
+
+    /// One A query over UDP: whether `name` was answered (NoError with an address), or `None` if no
+    /// answer came within `wait`.
+    fn answered(server: SocketAddr, name: &str, wait: Duration) -> Option<bool> {
+        use hickory_proto::op::{Message, Query, ResponseCode};
+        use hickory_proto::rr::{Name, RecordType};
+        use hickory_proto::serialize::binary::{BinDecodable as _, BinEncodable as _};
+        let mut msg = Message::query();
+        msg.metadata.id = 0x4242;
+        msg.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(wait)).unwrap();
+        sock.send_to(&msg.to_bytes().unwrap(), server).unwrap();
+        let mut buf = [0u8; 1500];
+        let (n, _) = sock.recv_from(&mut buf).ok()?;
+        let reply = Message::from_bytes(&buf[..n]).unwrap();
+        Some(reply.metadata.response_code == ResponseCode::NoError && !reply.answers.is_empty())
+    }
+
+    /// Polls `name` until its answer is `want` (true: answered, false: NXDOMAIN), for up to `within`.
+    fn wait_for(server: SocketAddr, name: &str, want: bool, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if answered(server, name, Duration::from_secs(1)) == Some(want) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// The allowlist is replaced after the policy was loaded but before the watch starts (the start-up
+    /// window; here inside `start`, which runs just before the control tasks): the revoked name is
+    /// NXDOMAIN within the watch's 5 s, because the watch starts from the content that was loaded,
+    /// not from what the file holds when it starts.
+    #[test]
+    fn a_change_during_start_up_is_applied() {
+        let dir = TempDir::new("startup");
+        let list = dir.0.join("allowed-hosts");
+        std::fs::write(&list, "keep.test\nrevoked.test\n").unwrap();
+        let cli = loopback_cli(&list);
+        let built = cli.build_config().unwrap();
+        let config = built.config.validate().unwrap();
+        let sets = bind_workers(&config, 1).unwrap();
+        let dns = sets[0].dns_udp[0].local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let control = Control {
+            shutdown: shutdown.clone(),
+            reload: Some(cli.reload_source()),
+            watch: built.read,
+            ..Control::default()
+        };
+        let revoke = list.clone();
+        let server = std::thread::spawn(move || {
+            run(config, sets, control, move |_| {
+                std::fs::write(&revoke, "keep.test\n")?;
+                Ok(())
+            })
+        });
+        let _stop = shutdown.clone().drop_guard();
+        let revoked = wait_for(dns, "revoked.test", false, Duration::from_secs(8));
+        let kept = answered(dns, "keep.test", Duration::from_secs(5));
+        shutdown.cancel();
+        server.join().unwrap().unwrap();
+        assert!(revoked, "a name revoked during start-up is still answered");
+        assert_eq!(kept, Some(true), "keep.test is still allowed");
+    }
+
+    /// A reload whose files are slow to read (here: a source that waits to be released) does not stall
+    /// DNS on the worker that runs the reload task, and a shutdown in the middle of it is not held up.
+    #[test]
+    fn a_slow_reload_read_does_not_stall_dns() {
+        let dir = TempDir::new("slow");
+        let list = dir.0.join("allowed-hosts");
+        std::fs::write(&list, "keep.test\n").unwrap();
+        let cli = loopback_cli(&list);
+        let built = cli.build_config().unwrap();
+        let config = built.config.validate().unwrap();
+        let sets = bind_workers(&config, 1).unwrap();
+        let dns = sets[0].dns_udp[0].local_addr().unwrap();
+        let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        let entered_tx = std::sync::Mutex::new(entered_tx);
+        let inner = cli.reload_source();
+        let source: Source = Arc::new(move || {
+            let _ = entered_tx.lock().unwrap().send(());
+            let _ = released.lock().unwrap().recv();
+            inner()
+        });
+        let shutdown = CancellationToken::new();
+        let control = Control {
+            shutdown: shutdown.clone(),
+            reload: Some(source),
+            ..Control::default()
+        };
+        let server = std::thread::spawn(move || {
+            run(config, sets, control, |handles| {
+                handles.reload();
+                Ok(())
+            })
+        });
+        let _stop = shutdown.clone().drop_guard();
+        let started = entered.recv_timeout(Duration::from_secs(10)).is_ok();
+        let during = answered(dns, "keep.test", Duration::from_secs(3));
+        drop(release);
+        shutdown.cancel();
+        server.join().unwrap().unwrap();
+        assert!(started, "the reload did not start");
+        assert_eq!(during, Some(true), "DNS stalled while a reload was reading");
+    }
 
     /// Two workers on one HTTP address: every connection is answered whichever worker's socket the
     /// kernel picked, and cancelling the token stops both.

@@ -1,6 +1,9 @@
 //! The allowlist watch against real files: a Kubernetes ConfigMap `..data` swap done exactly as the
 //! kubelet does it, a rename over the file, an in-place write, a file that disappears and comes back,
-//! and no event at all while nothing changes.
+//! no event at all while nothing changes, and none while the file keeps changing. And the real binary
+//! on loopback: a FIFO put in the allowlist's place is refused by the reload without stalling anything.
+
+mod common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -8,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sandbox_router::watch::AllowlistWatch;
+use agent_sandbox_router::watch::{AllowlistWatch, MAX_SETTLE_ROUNDS};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -246,4 +249,98 @@ async fn shutdown_stops_the_watch() {
         .await
         .expect("run returns on shutdown")
         .unwrap();
+}
+
+/// A file still being written (a byte every 10 ms, far quicker than the settle period) is not reported,
+/// however long it goes on: what the watch would report could be a torn line. Once the writer stops,
+/// the finished content is reported.
+#[tokio::test]
+async fn a_file_that_keeps_changing_is_not_reported() {
+    let dir = TempDir::new("churn");
+    let file = dir.0.join("allowlist");
+    std::fs::write(&file, "a.test\n").unwrap();
+    let settle = Duration::from_millis(200);
+    let watch = Watching::spawn(AllowlistWatch::new(&file).with_timing(INTERVAL, settle));
+    // Longer than the settle rounds the watch tries before giving up on one change.
+    let writing = settle * (MAX_SETTLE_ROUNDS + 4);
+    let path = file.clone();
+    let writer = std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let started = std::time::Instant::now();
+        for byte in b"intranet.mycorp.org.nz\n".iter().cycle() {
+            if started.elapsed() > writing {
+                break;
+            }
+            std::io::Write::write_all(&mut f, &[*byte]).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let fired = tokio::time::timeout(writing, watch.changed.notified())
+        .await
+        .is_ok();
+    writer.join().unwrap();
+    assert!(
+        !fired,
+        "a change was reported while the file was still being written"
+    );
+    watch.expect_change("the writer stopped").await;
+}
+
+/// The real binary: an allowlist replaced by a FIFO is refused by the reload at once with an error
+/// that names it, DNS goes on answering under the old rules, and SIGTERM still stops the router.
+#[test]
+fn a_fifo_in_the_allowlists_place_stalls_nothing() {
+    let dir = common::temp_dir("watch-fifo");
+    let list = common::write_file(&dir, "allowed-hosts", "a.test\n");
+    let mut router = common::Router::start(
+        &[
+            "--allowlist",
+            list.to_str().unwrap(),
+            "--answer",
+            "127.0.0.2",
+            "--resolver",
+            "127.0.0.1:9",
+            "--dns",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--https",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+        ],
+        4,
+    );
+    let dns = router.addr("dns/udp");
+    assert_eq!(
+        common::udp_query(dns, "a.test", hickory_proto::rr::RecordType::A).code,
+        hickory_proto::op::ResponseCode::NoError
+    );
+    let fifo = dir.join("fifo");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    std::fs::rename(&fifo, &list).unwrap();
+    let refusal = format!(
+        "allowlist {} is not a regular file (a FIFO, device or directory)",
+        list.display()
+    );
+    router.wait_for_log("the reload's refusal of the FIFO", |log| {
+        log.contains(&refusal) && log.contains("reload failed")
+    });
+    let answer = common::udp_query(dns, "a.test", hickory_proto::rr::RecordType::A);
+    assert_eq!(answer.code, hickory_proto::op::ResponseCode::NoError);
+    assert_eq!(answer.addresses, [std::net::Ipv4Addr::new(127, 0, 0, 2)]);
+    assert_eq!(
+        common::udp_query(dns, "b.test", hickory_proto::rr::RecordType::A).code,
+        hickory_proto::op::ResponseCode::NXDomain
+    );
+    let (took, status) = router.terminate();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(2), "SIGTERM took {took:?}");
+    drop(router);
+    drop(dir);
 }
