@@ -371,6 +371,15 @@ fn parse_port(port: &str) -> Result<u16, EntryError> {
 mod tests {
     use super::*;
 
+    /// A test's directory, removed however the test ends.
+    struct Removed(std::path::PathBuf);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     fn host(s: &str) -> HostName {
         HostName::parse(s).unwrap()
     }
@@ -379,9 +388,11 @@ mod tests {
     /// than waiting for a writer (or reading without end); an oversized file is refused.
     #[test]
     fn a_fifo_or_device_is_refused_at_once() {
-        let dir = std::env::temp_dir().join(format!("as-allowlist-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let guard =
+            Removed(std::env::temp_dir().join(format!("as-allowlist-fifo-{}", std::process::id())));
+        let dir = &guard.0;
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
         let fifo = dir.join("allowed-hosts");
         let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
@@ -410,7 +421,6 @@ mod tests {
         std::fs::write(&big, vec![b'a'; 2 * 1024 * 1024]).unwrap();
         let err = Allowlist::load(&big).unwrap_err().to_string();
         assert!(err.contains("is larger than 1048576 bytes"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -564,8 +574,10 @@ db.example.com:5432
 
     #[test]
     fn load_reads_files_and_reports_missing() {
-        let dir = std::env::temp_dir().join(format!("as-allowlist-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let guard =
+            Removed(std::env::temp_dir().join(format!("as-allowlist-{}", std::process::id())));
+        let dir = &guard.0;
+        std::fs::create_dir_all(dir).unwrap();
         let p = dir.join("allowed-hosts");
         std::fs::write(&p, "api.anthropic.com\n").unwrap();
         assert_eq!(Allowlist::load(&p).unwrap().entries().len(), 1);
@@ -575,6 +587,5 @@ db.example.com:5432
             err.contains("cannot read allowlist") && err.contains("nope"),
             "{err}"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

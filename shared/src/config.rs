@@ -509,6 +509,15 @@ fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A test's directory, removed however the test ends.
+    struct Removed(std::path::PathBuf);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
     use crate::allowlist::Allowlist;
 
     fn sample() -> RouterConfig {
@@ -529,9 +538,11 @@ mod tests {
     /// a writer.
     #[test]
     fn a_fifo_config_is_refused_at_once() {
-        let dir = std::env::temp_dir().join(format!("as-config-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let guard =
+            Removed(std::env::temp_dir().join(format!("as-config-fifo-{}", std::process::id())));
+        let dir = &guard.0;
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
         let fifo = dir.join("router.toml");
         let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
@@ -552,7 +563,6 @@ mod tests {
                 fifo.display()
             )
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

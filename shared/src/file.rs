@@ -41,18 +41,29 @@ pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
 mod tests {
     use super::*;
 
+    /// A test's directory, removed however the test ends.
+    struct Removed(std::path::PathBuf);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn fifos_devices_and_directories_are_refused_and_reads_are_capped() {
-        let dir = std::env::temp_dir().join(format!("as-shared-file-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let guard =
+            Removed(std::env::temp_dir().join(format!("as-shared-file-{}", std::process::id())));
+        let dir = &guard.0;
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
         let fifo = dir.join("fifo");
         let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
         let zero = dir.join("zero");
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-        for path in [&fifo, &zero, &dir] {
+        for path in [&fifo, &zero, dir] {
             assert!(
                 matches!(read_capped(path, 10), Err(ReadError::NotAFile)),
                 "{}",
@@ -67,6 +78,5 @@ mod tests {
             b"01234",
             "one byte past the cap"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
