@@ -26,6 +26,8 @@ pub mod metrics;
 pub mod proxy;
 pub mod reload;
 mod rlimit;
+#[cfg(test)]
+mod test_support;
 pub mod watch;
 mod workers;
 

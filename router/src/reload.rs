@@ -161,6 +161,8 @@ pub(crate) struct Reloader {
     workers: Vec<UnboundedSender<Command>>,
     /// Reload counters and the entry gauge.
     metrics: Arc<Metrics>,
+    /// Where the watches learn what the policy in force was built from (None: no watch).
+    files: Option<Settled>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -211,7 +213,15 @@ impl Reloader {
             drain,
             workers,
             metrics,
+            files: None,
         }
+    }
+
+    /// Tells the watches publishing in `files` what each reload put in force (SIGHUP's included), so
+    /// they report again content whose reload did not put it in force.
+    pub(crate) fn tracking(mut self, files: Settled) -> Reloader {
+        self.files = Some(files);
+        self
     }
 
     /// Whether a reload can re-read anything.
@@ -240,8 +250,12 @@ impl Reloader {
     /// the outcome.
     fn apply(&mut self, read: Result<Loaded, ReloadError>, settled: Option<&Settled>) {
         let before = self.entries;
+        let files_read = read.as_ref().ok().map(|loaded| loaded.read.clone());
         match read.and_then(|loaded| self.try_apply(loaded, settled)) {
             Ok(applied) => {
+                if let (Some(files), Some(read)) = (&self.files, &files_read) {
+                    files.set_in_force(read);
+                }
                 self.metrics.reload_succeeded(applied.after);
                 info!(
                     result = "success",
@@ -395,30 +409,10 @@ mod tests {
     /// name); SIGHUP applies the file as it is.
     #[tokio::test]
     async fn a_watch_reload_applies_only_settled_content() {
-        use clap::Parser as _;
-        /// Removes the test's directory however the test ends.
-        struct Removed(std::path::PathBuf);
-        impl Drop for Removed {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        let dir = Removed(
-            std::env::temp_dir().join(format!("asr-reload-settled-{}", std::process::id())),
-        );
-        let _ = std::fs::remove_dir_all(&dir.0);
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let list = dir.0.join("allowed-hosts");
+        let dir = crate::test_support::TempDir::new("reload-settled");
+        let list = dir.join("allowed-hosts");
         std::fs::write(&list, "keep.test\n").unwrap();
-        let cli = crate::cli::Cli::parse_from([
-            "agent-sandbox-router",
-            "--allowlist",
-            list.to_str().unwrap(),
-            "--answer",
-            "127.0.0.2",
-            "--resolver",
-            "127.0.0.1:9",
-        ]);
+        let cli = crate::test_support::loopback_cli(&list);
         let built = cli.build_config().unwrap();
         let config = built.config.validate().unwrap();
         let rules = crate::live::Live::new(config.rules.clone());

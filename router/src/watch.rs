@@ -28,8 +28,12 @@
 //! that starts after the content settled is never applied half-done (its watch reports it once it
 //! settles in turn). Settling cannot tell a writer that pauses longer than the settle period from one
 //! that is done; writing a new file and renaming it over the old one is the way to change a file in one
-//! step. A missing or unreadable file is a state like any content: its appearance is one change (the
-//! reload reports the failure), and while it stays missing nothing fires and nothing spins.
+//! step. Settled content is compared with the content in force (which the reload records in
+//! [`Settled`], SIGHUP's reloads included), not with what the watch last reported: content whose
+//! reload was skipped or failed is reported again after [`RETRY_AFTER`], doubling up to
+//! [`MAX_RETRY_AFTER`], and content a SIGHUP read mid-write is put right once the file settles. A
+//! missing or unreadable file is a state like any content: its appearance is one change (the reload
+//! reports the failure), and while it stays missing it is retried as above, no more often.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -110,30 +114,70 @@ impl Fingerprint {
     }
 }
 
-/// What each watch last saw settle (or, before any change, the content the policy in force was loaded
-/// from), by path. A reload a watch asked for applies only content read with these fingerprints, so
-/// what changed again after it settled (a write in progress) is never applied torn.
+/// What the watches and the reload know of each watched file, by path.
+///
+/// - What each watch last saw settle (or, before any change, the content the policy in force was
+///   loaded from). A reload a watch asked for applies only content read with these fingerprints, so
+///   what changed again after it settled (a write in progress) is never applied torn.
+/// - Once the reload tracks it ([`Settled::set_in_force`], at start and after each reload applied,
+///   SIGHUP's included): the content the policy in force was built from. A watch then reports a file
+///   whose settled content differs from that, not merely from what it last reported, so a change whose
+///   reload was skipped or read it torn is tried again ([`RETRY_AFTER`]) rather than lost, and content a
+///   SIGHUP applied torn is corrected once the file settles.
 #[derive(Clone, Debug, Default)]
-pub struct Settled(Arc<Mutex<HashMap<PathBuf, Fingerprint>>>);
+pub struct Settled(Arc<Mutex<Files>>);
+
+/// The maps behind [`Settled`].
+#[derive(Debug, Default)]
+struct Files {
+    /// What each watch last saw settle.
+    settled: HashMap<PathBuf, Fingerprint>,
+    /// What the policy in force was built from (empty until the reload tracks it).
+    in_force: HashMap<PathBuf, Fingerprint>,
+}
 
 impl Settled {
+    fn files(&self) -> std::sync::MutexGuard<'_, Files> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn set(&self, path: &Path, fingerprint: Fingerprint) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(path.to_owned(), fingerprint);
+        self.files().settled.insert(path.to_owned(), fingerprint);
+    }
+
+    /// Records the files the policy in force was built from (`read`: each with the fingerprint of the
+    /// content read).
+    pub fn set_in_force(&self, read: &[(PathBuf, Fingerprint)]) {
+        let mut files = self.files();
+        for (path, seen) in read {
+            files.in_force.insert(path.clone(), seen.clone());
+        }
+    }
+
+    /// What the policy in force was built from for `path`, if the reload tracks it.
+    fn in_force(&self, path: &Path) -> Option<Fingerprint> {
+        self.files().in_force.get(path).cloned()
     }
 
     /// The first of the files `read` (with the fingerprints of the content read) that a watch covers and
     /// that was read with other content than the watch saw settle; `None` if every one matches.
     #[must_use]
     pub fn unsettled<'a>(&self, read: &'a [(PathBuf, Fingerprint)]) -> Option<&'a Path> {
-        let settled = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let files = self.files();
         read.iter()
-            .find(|(path, seen)| settled.get(path).is_some_and(|s| s != seen))
+            .find(|(path, seen)| files.settled.get(path).is_some_and(|s| s != seen))
             .map(|(path, _)| path.as_path())
     }
 }
+
+/// How long a watch waits before reporting again content it reported whose reload did not put it in
+/// force (skipped because the file changed again while it was read, or failed). Each further retry of
+/// the same content waits twice as long, up to [`MAX_RETRY_AFTER`]: a file that is invalid is tried a
+/// few times, not on every read, and one whose reload read it torn is applied seconds later.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// The longest wait between retries of the same content.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// Watches one allowlist path for changes of its content.
 #[derive(Debug)]
@@ -209,6 +253,9 @@ impl AllowlistWatch {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Whether the file's not settling has been logged since it last settled.
         let mut warned = false;
+        // The content last reported, when, and how long before it is reported again while it is not
+        // in force.
+        let mut fired: Option<(Fingerprint, tokio::time::Instant, Duration)> = None;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -217,9 +264,29 @@ impl AllowlistWatch {
             let Some(mut seen) = self.read().await else {
                 return;
             };
-            if seen == self.reported {
+            // What to compare with: the content in force when the reload tracks it, else what this
+            // watch last reported.
+            let in_force = self
+                .settled
+                .in_force(&self.path)
+                .unwrap_or_else(|| self.reported.clone());
+            if seen == in_force {
+                // In force as it is: a reload asked for by the other file's watch may read it so.
+                self.settled.set(&self.path, seen);
                 warned = false;
+                fired = None;
                 continue;
+            }
+            // Reported already, and not (yet) in force: the reload skipped it or failed. Again only
+            // after a while, longer each time.
+            let mut wait = RETRY_AFTER;
+            if let Some((f, at, waited)) = &fired {
+                if *f == seen {
+                    if at.elapsed() < *waited {
+                        continue;
+                    }
+                    wait = (*waited * 2).min(MAX_RETRY_AFTER);
+                }
             }
             // Changed: wait until two reads one settle period apart agree.
             let mut settled = false;
@@ -252,8 +319,15 @@ impl AllowlistWatch {
                 continue;
             }
             warned = false;
+            if self.settled.in_force(&self.path).as_ref() == Some(&seen) {
+                // Changed and changed back (or applied meanwhile): nothing to reload.
+                self.settled.set(&self.path, seen);
+                fired = None;
+                continue;
+            }
             debug!(path = %self.path.display(), ?seen, "allowlist changed");
             self.settled.set(&self.path, seen.clone());
+            fired = Some((seen.clone(), tokio::time::Instant::now(), wait));
             self.reported = seen;
             changed.notify_one();
         }

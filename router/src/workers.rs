@@ -348,7 +348,7 @@ impl ControlTasks {
             admin,
             admin_state,
             watch,
-            mut reloader,
+            reloader,
             drain_for,
             limit,
             max_connections,
@@ -368,6 +368,9 @@ impl ControlTasks {
         // a watch asked for applies only content the watches saw settle.
         let changed = Arc::new(Notify::new());
         let settled = Settled::default();
+        // The content in force is what the policy was built from; each reload that applies updates it.
+        settled.set_in_force(&watch);
+        let mut reloader = reloader.tracking(settled.clone());
         if reloader.can_reload() {
             for (path, loaded) in watch {
                 tokio::spawn(
@@ -589,45 +592,8 @@ async fn run_worker(
 mod tests {
     use super::*;
     use crate::bind_workers;
-
-    /// A temporary directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> TempDir {
-            let dir =
-                std::env::temp_dir().join(format!("asr-workers-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            TempDir(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    /// The standalone gateway's command line on loopback, allowing what `list` holds.
-    fn loopback_cli(list: &std::path::Path) -> crate::cli::Cli {
-        use clap::Parser as _;
-        crate::cli::Cli::parse_from([
-            "agent-sandbox-router",
-            "--allowlist",
-            list.to_str().unwrap(),
-            "--answer",
-            "127.0.0.2",
-            "--resolver",
-            "127.0.0.1:9",
-            "--dns",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-            "--https",
-            "127.0.0.1:0",
-        ])
-    }
+    use crate::test_support::{loopback_cli, TempDir};
+    use std::sync::atomic::AtomicU64;
 
     /// One A query over UDP: whether `name` was answered (NoError with an address), or `None` if no
     /// answer came within `wait`.
@@ -665,8 +631,8 @@ mod tests {
     /// not from what the file holds when it starts.
     #[test]
     fn a_change_during_start_up_is_applied() {
-        let dir = TempDir::new("startup");
-        let list = dir.0.join("allowed-hosts");
+        let dir = TempDir::new("workers-startup");
+        let list = dir.join("allowed-hosts");
         std::fs::write(&list, "keep.test\nrevoked.test\n").unwrap();
         let cli = loopback_cli(&list);
         let built = cli.build_config().unwrap();
@@ -696,12 +662,157 @@ mod tests {
         assert_eq!(kept, Some(true), "keep.test is still allowed");
     }
 
+    /// The real reload source, except that on its first call `path` is rewritten with `torn` just
+    /// before the real read and `whole` is put back just after: a rewrite of the file that overlaps the
+    /// reload's read (a second save, a deploy step that writes the file twice). The calls are counted.
+    fn torn_once(
+        inner: Source,
+        path: PathBuf,
+        torn: &'static str,
+        whole: &'static str,
+    ) -> (Source, Arc<AtomicU64>) {
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&calls);
+        let source: Source = Arc::new(move || {
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                std::fs::write(&path, torn).unwrap();
+                let read = inner();
+                std::fs::write(&path, whole).unwrap();
+                read
+            } else {
+                inner()
+            }
+        });
+        (source, calls)
+    }
+
+    /// The router on loopback with one worker, serving `list` with `source` as its reload source and
+    /// the watch on `list`; `start` gets the signal handles. Returns the DNS address, the server thread
+    /// and the shutdown token.
+    fn serve_watched(
+        list: &std::path::Path,
+        source: impl FnOnce(&crate::cli::Cli) -> Source,
+        start: impl FnOnce(Handles) -> anyhow::Result<()> + Send + 'static,
+    ) -> (
+        SocketAddr,
+        std::thread::JoinHandle<anyhow::Result<()>>,
+        CancellationToken,
+    ) {
+        let cli = loopback_cli(list);
+        let built = cli.build_config().unwrap();
+        let config = built.config.validate().unwrap();
+        let sets = bind_workers(&config, 1).unwrap();
+        let dns = sets[0].dns_udp[0].local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let control = Control {
+            shutdown: shutdown.clone(),
+            reload: Some(source(&cli)),
+            watch: built.read,
+            ..Control::default()
+        };
+        let server = std::thread::spawn(move || run(config, sets, control, start));
+        (dns, server, shutdown)
+    }
+
+    /// A change whose reload read the file while it was being rewritten (same content, written again)
+    /// is skipped, and then reported again once it has stayed put: the revocation is applied seconds
+    /// later, not lost until the next edit.
+    #[test]
+    fn a_skipped_reload_is_retried() {
+        let dir = TempDir::new("workers-skipped");
+        let list = dir.join("allowed-hosts");
+        std::fs::write(&list, "keep.test\nrevoked.test\n").unwrap();
+        let mut calls = None;
+        let (dns, server, shutdown) = serve_watched(
+            &list,
+            |cli| {
+                let (source, counted) =
+                    torn_once(cli.reload_source(), list.clone(), "keep.te", "keep.test\n");
+                calls = Some(counted);
+                source
+            },
+            |_| Ok(()),
+        );
+        let _stop = shutdown.clone().drop_guard();
+        assert!(wait_for(dns, "revoked.test", true, Duration::from_secs(5)));
+        std::fs::write(&list, "keep.test\n").unwrap();
+        let revoked = wait_for(dns, "revoked.test", false, Duration::from_secs(12));
+        let kept = answered(dns, "keep.test", Duration::from_secs(5));
+        shutdown.cancel();
+        server.join().unwrap().unwrap();
+        let calls = calls.unwrap().load(Ordering::SeqCst);
+        assert!(
+            revoked,
+            "the revocation was lost after a skipped reload ({calls} reloads)"
+        );
+        assert!(calls >= 2, "{calls} reloads");
+        assert_eq!(kept, Some(true));
+    }
+
+    /// A SIGHUP that read the file half-rewritten applies it as it is (an operator's request), and the
+    /// watch then puts the file's settled content in force: no name the file does not list stays
+    /// allowed.
+    #[test]
+    fn a_torn_sighup_is_corrected_by_the_watch() {
+        let dir = TempDir::new("workers-sighup");
+        let list = dir.join("allowed-hosts");
+        let whole = "keep.test\nallowed.example.test\n";
+        std::fs::write(&list, whole).unwrap();
+        let mut calls = None;
+        let (handles_tx, handles_rx) = std::sync::mpsc::channel();
+        let (dns, server, shutdown) = serve_watched(
+            &list,
+            |cli| {
+                let (source, counted) = torn_once(
+                    cli.reload_source(),
+                    list.clone(),
+                    "keep.test\nallowed.example.te",
+                    "keep.test\nallowed.example.test\n",
+                );
+                calls = Some(counted);
+                source
+            },
+            move |handles| {
+                let _ = handles_tx.send(handles);
+                Ok(())
+            },
+        );
+        let _stop = shutdown.clone().drop_guard();
+        // Once the router answers (and its watch has taken its first look), a SIGHUP.
+        assert!(wait_for(dns, "keep.test", true, Duration::from_secs(5)));
+        handles_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the signal handles")
+            .reload();
+        let calls = calls.unwrap();
+        // The SIGHUP's reload, then the watch's.
+        let deadline = std::time::Instant::now() + Duration::from_secs(12);
+        while calls.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let reloads = calls.load(Ordering::SeqCst);
+        let listed = wait_for(dns, "allowed.example.test", true, Duration::from_secs(5));
+        let torn_name = answered(dns, "allowed.example.te", Duration::from_secs(5));
+        shutdown.cancel();
+        server.join().unwrap().unwrap();
+        assert!(
+            reloads >= 2,
+            "the watch never corrected the torn SIGHUP ({reloads} reloads)"
+        );
+        assert!(listed, "the listed name is not answered");
+        assert_eq!(
+            torn_name,
+            Some(false),
+            "a name the file does not list is allowed"
+        );
+    }
+
     /// A reload whose files are slow to read (here: a source that waits to be released) does not stall
     /// DNS on the worker that runs the reload task, and a shutdown in the middle of it is not held up.
     #[test]
     fn a_slow_reload_read_does_not_stall_dns() {
-        let dir = TempDir::new("slow");
-        let list = dir.0.join("allowed-hosts");
+        let dir = TempDir::new("workers-slow");
+        let list = dir.join("allowed-hosts");
         std::fs::write(&list, "keep.test\n").unwrap();
         let cli = loopback_cli(&list);
         let built = cli.build_config().unwrap();

@@ -368,14 +368,7 @@ fn loopback_router(dir: &std::path::Path) -> Command {
     let list = write_file(dir, "allowed-hosts", "a.test\n");
     let mut command = Command::new(env!("CARGO_BIN_EXE_agent-sandbox-router"));
     command
-        .args([
-            "--allowlist",
-            list.to_str().unwrap(),
-            "--answer",
-            "127.0.0.2",
-        ])
-        .args(["--resolver", "127.0.0.1:9", "--dns", "127.0.0.1:0"])
-        .args(["--http", "127.0.0.1:0", "--https", "127.0.0.1:0"])
+        .args(common::loopback_args(&list))
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());

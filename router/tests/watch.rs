@@ -295,25 +295,7 @@ async fn a_file_that_keeps_changing_is_not_reported() {
 fn a_fifo_in_the_allowlists_place_stalls_nothing() {
     let dir = common::temp_dir("watch-fifo");
     let list = common::write_file(&dir, "allowed-hosts", "a.test\n");
-    let mut router = common::Router::start(
-        &[
-            "--allowlist",
-            list.to_str().unwrap(),
-            "--answer",
-            "127.0.0.2",
-            "--resolver",
-            "127.0.0.1:9",
-            "--dns",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-            "--https",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-        ],
-        4,
-    );
+    let mut router = common::Router::start_loopback(&list, &["--threads", "1"]);
     let dns = router.addr("dns/udp");
     assert_eq!(
         common::udp_query(dns, "a.test", hickory_proto::rr::RecordType::A).code,

@@ -371,15 +371,6 @@ fn parse_port(port: &str) -> Result<u16, EntryError> {
 mod tests {
     use super::*;
 
-    /// A test's directory, removed however the test ends.
-    struct Removed(std::path::PathBuf);
-
-    impl Drop for Removed {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     fn host(s: &str) -> HostName {
         HostName::parse(s).unwrap()
     }
@@ -388,15 +379,10 @@ mod tests {
     /// than waiting for a writer (or reading without end); an oversized file is refused.
     #[test]
     fn a_fifo_or_device_is_refused_at_once() {
-        let guard =
-            Removed(std::env::temp_dir().join(format!("as-allowlist-fifo-{}", std::process::id())));
-        let dir = &guard.0;
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).unwrap();
+        let guard = crate::test_support::TestDir::new("allowlist-fifo");
+        let dir: &std::path::Path = &guard;
         let fifo = dir.join("allowed-hosts");
-        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
-        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        crate::test_support::mkfifo(&fifo);
         let zero = dir.join("zero");
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
         for path in [fifo, zero] {
@@ -574,10 +560,8 @@ db.example.com:5432
 
     #[test]
     fn load_reads_files_and_reports_missing() {
-        let guard =
-            Removed(std::env::temp_dir().join(format!("as-allowlist-{}", std::process::id())));
-        let dir = &guard.0;
-        std::fs::create_dir_all(dir).unwrap();
+        let guard = crate::test_support::TestDir::new("allowlist");
+        let dir: &std::path::Path = &guard;
         let p = dir.join("allowed-hosts");
         std::fs::write(&p, "api.anthropic.com\n").unwrap();
         assert_eq!(Allowlist::load(&p).unwrap().entries().len(), 1);

@@ -510,14 +510,6 @@ fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
 mod tests {
     use super::*;
 
-    /// A test's directory, removed however the test ends.
-    struct Removed(std::path::PathBuf);
-
-    impl Drop for Removed {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
     use crate::allowlist::Allowlist;
 
     fn sample() -> RouterConfig {
@@ -538,15 +530,10 @@ mod tests {
     /// a writer.
     #[test]
     fn a_fifo_config_is_refused_at_once() {
-        let guard =
-            Removed(std::env::temp_dir().join(format!("as-config-fifo-{}", std::process::id())));
-        let dir = &guard.0;
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).unwrap();
+        let guard = crate::test_support::TestDir::new("config-fifo");
+        let dir: &std::path::Path = &guard;
         let fifo = dir.join("router.toml");
-        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
-        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        crate::test_support::mkfifo(&fifo);
         let (tx, rx) = std::sync::mpsc::channel();
         let p = fifo.clone();
         std::thread::spawn(move || {

@@ -41,26 +41,12 @@ pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
 mod tests {
     use super::*;
 
-    /// A test's directory, removed however the test ends.
-    struct Removed(std::path::PathBuf);
-
-    impl Drop for Removed {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn fifos_devices_and_directories_are_refused_and_reads_are_capped() {
-        let guard =
-            Removed(std::env::temp_dir().join(format!("as-shared-file-{}", std::process::id())));
-        let dir = &guard.0;
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).unwrap();
+        let guard = crate::test_support::TestDir::new("file");
+        let dir: &std::path::Path = &guard;
         let fifo = dir.join("fifo");
-        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
-        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        crate::test_support::mkfifo(&fifo);
         let zero = dir.join("zero");
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
         for path in [&fifo, &zero, dir] {

@@ -19,6 +19,8 @@ pub mod net;
 pub mod oauth_store;
 pub mod plan;
 pub mod policy;
+#[cfg(test)]
+mod test_support;
 
 pub use allowlist::{Allowlist, AllowlistError, Entry};
 pub use config::{Answers, Limits, RouterConfig, Rules, ValidConfig};

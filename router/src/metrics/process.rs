@@ -395,11 +395,33 @@ mod tests {
     /// past, within a day.
     #[test]
     fn the_running_process_is_sampled() {
+        /// This process's CPU time so far, from the kernel's own clock (not through /proc).
+        fn cpu_now() -> std::time::Duration {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: clock_gettime writes the struct it is given.
+            assert_eq!(
+                unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) },
+                0
+            );
+            std::time::Duration::new(
+                u64::try_from(ts.tv_sec).unwrap(),
+                u32::try_from(ts.tv_nsec).unwrap(),
+            )
+        }
         let before = sample();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        // Spin until this process has used 150 ms of CPU (not of wall time: on a loaded machine the
+        // thread gets only part of it), within a generous deadline.
+        let from = cpu_now();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         let mut spin = 0u64;
-        while std::time::Instant::now() < deadline {
-            spin = std::hint::black_box(spin.wrapping_add(1));
+        while cpu_now() - from < std::time::Duration::from_millis(150) {
+            assert!(std::time::Instant::now() < deadline, "no CPU time in 60 s");
+            for _ in 0..10_000 {
+                spin = std::hint::black_box(spin.wrapping_add(1));
+            }
         }
         let after = sample();
         let (Some(cpu_before), Some(cpu_after)) = (before.cpu_ms, after.cpu_ms) else {

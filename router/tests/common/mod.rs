@@ -50,6 +50,27 @@ impl Drop for TempDir {
     }
 }
 
+/// The flags of a standalone router on loopback: `list` allowed, answers 127.0.0.2, a resolver address
+/// where nothing listens, DNS (UDP and TCP), HTTP and TLS on port 0: four listeners.
+pub fn loopback_args(list: &Path) -> Vec<String> {
+    [
+        "--allowlist",
+        list.to_str().unwrap(),
+        "--answer",
+        "127.0.0.2",
+        "--resolver",
+        "127.0.0.1:9",
+        "--dns",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+        "--https",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// Writes `text` to `dir/name` and returns the path.
 pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
@@ -106,6 +127,15 @@ impl Router {
             dir,
             held: Vec::new(),
         }
+    }
+
+    /// Starts the router with [`loopback_args`] for `list` and `extra` flags, once its four listeners
+    /// are up.
+    pub fn start_loopback(list: &Path, extra: &[&str]) -> Router {
+        let mut args = loopback_args(list);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Router::start(&args, 4)
     }
 
     /// Keeps `dir` (the test's files the router was started with) until the router is stopped.
