@@ -634,25 +634,12 @@ mod tests {
         let dir = TempDir::new("workers-startup");
         let list = dir.join("allowed-hosts");
         std::fs::write(&list, "keep.test\nrevoked.test\n").unwrap();
-        let cli = loopback_cli(&list);
-        let built = cli.build_config().unwrap();
-        let config = built.config.validate().unwrap();
-        let sets = bind_workers(&config, 1).unwrap();
-        let dns = sets[0].dns_udp[0].local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let control = Control {
-            shutdown: shutdown.clone(),
-            reload: Some(cli.reload_source()),
-            watch: built.read,
-            ..Control::default()
-        };
         let revoke = list.clone();
-        let server = std::thread::spawn(move || {
-            run(config, sets, control, move |_| {
+        let (dns, server, shutdown) =
+            serve_watched(&list, crate::cli::Cli::reload_source, move |_| {
                 std::fs::write(&revoke, "keep.test\n")?;
                 Ok(())
-            })
-        });
+            });
         let _stop = shutdown.clone().drop_guard();
         let revoked = wait_for(dns, "revoked.test", false, Duration::from_secs(8));
         let kept = answered(dns, "keep.test", Duration::from_secs(5));
@@ -814,33 +801,25 @@ mod tests {
         let dir = TempDir::new("workers-slow");
         let list = dir.join("allowed-hosts");
         std::fs::write(&list, "keep.test\n").unwrap();
-        let cli = loopback_cli(&list);
-        let built = cli.build_config().unwrap();
-        let config = built.config.validate().unwrap();
-        let sets = bind_workers(&config, 1).unwrap();
-        let dns = sets[0].dns_udp[0].local_addr().unwrap();
         let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let released = std::sync::Mutex::new(released);
         let entered_tx = std::sync::Mutex::new(entered_tx);
-        let inner = cli.reload_source();
-        let source: Source = Arc::new(move || {
-            let _ = entered_tx.lock().unwrap().send(());
-            let _ = released.lock().unwrap().recv();
-            inner()
-        });
-        let shutdown = CancellationToken::new();
-        let control = Control {
-            shutdown: shutdown.clone(),
-            reload: Some(source),
-            ..Control::default()
-        };
-        let server = std::thread::spawn(move || {
-            run(config, sets, control, |handles| {
+        let (dns, server, shutdown) = serve_watched(
+            &list,
+            |cli| {
+                let inner = cli.reload_source();
+                Arc::new(move || {
+                    let _ = entered_tx.lock().unwrap().send(());
+                    let _ = released.lock().unwrap().recv();
+                    inner()
+                })
+            },
+            |handles| {
                 handles.reload();
                 Ok(())
-            })
-        });
+            },
+        );
         let _stop = shutdown.clone().drop_guard();
         let started = entered.recv_timeout(Duration::from_secs(10)).is_ok();
         let during = answered(dns, "keep.test", Duration::from_secs(3));

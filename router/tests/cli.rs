@@ -253,23 +253,7 @@ fn refusal_body(router: &common::Router) -> String {
 fn refusals_name_the_allowlist_in_use() {
     let dir = temp_dir("cli");
     let list = write_file(&dir, "gateway-hosts", "allowed.test\n");
-    let standalone = common::Router::start(
-        &[
-            "--allowlist",
-            list.to_str().unwrap(),
-            "--answer",
-            "127.0.0.2",
-            "--resolver",
-            "127.0.0.1:9",
-            "--dns",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-            "--https",
-            "127.0.0.1:0",
-        ],
-        4,
-    );
+    let standalone = common::Router::start_loopback(&list, &[]);
     let body = refusal_body(&standalone);
     assert!(
         body.contains(&format!("add it to {} (", list.display())),
