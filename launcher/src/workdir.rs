@@ -9,6 +9,7 @@
 //! resolved) before anything is created.
 
 use std::ffi::OsString;
+use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
@@ -35,12 +36,12 @@ pub enum Refusal {
         /// The hidden directory of the home it is in.
         hidden: PathBuf,
     },
-    /// The directory contains the allowlist.
-    #[error("refusing to run in {dir}: it contains the allowlist {allowlist}, which the sandbox could rewrite to widen its own egress. Run from a directory that does not hold it, or keep the allowlist elsewhere (AGENT_SANDBOX_ALLOWLIST)")]
+    /// The directory contains the allowlist, or a symlink followed on the way to it.
+    #[error("refusing to run in {dir}: it contains the allowlist or a symlink on the way to it ({allowlist}), which the sandbox could rewrite or re-point to widen its own egress. Run from a directory that does not hold it, or keep the allowlist elsewhere (AGENT_SANDBOX_ALLOWLIST)")]
     ContainsAllowlist {
         /// The refused directory.
         dir: PathBuf,
-        /// The allowlist, as it resolves.
+        /// The allowlist or the symlink, as it resolves.
         allowlist: PathBuf,
     },
     /// The directory is a shared temporary directory, or contains one.
@@ -333,7 +334,9 @@ fn normalize(path: &Path) -> PathBuf {
 }
 
 /// The allowlist's locations that must stay outside the sandbox: the path as configured (its directory
-/// resolved: a sandbox that can replace a symlink can redirect it) and, if it is a symlink, its target.
+/// resolved: a sandbox that can replace a symlink can redirect it), every symlink met on the way to the
+/// file (in the path's directories too: a sandbox that can replace any of them can point the next
+/// session at an allowlist of its own), and the file at the end.
 pub fn allowlist_locations(allowlist: &Path) -> io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let as_named = match (allowlist.parent(), allowlist.file_name()) {
@@ -341,11 +344,73 @@ pub fn allowlist_locations(allowlist: &Path) -> io::Result<Vec<PathBuf>> {
         _ => canonicalize_lenient(allowlist)?,
     };
     out.push(as_named);
-    let target = canonicalize_lenient(allowlist)?;
-    if !out.contains(&target) {
-        out.push(target);
+    let (target, links) = resolve_recording_links(allowlist)?;
+    for path in links.into_iter().chain([target]) {
+        if !out.contains(&path) {
+            out.push(path);
+        }
     }
     Ok(out)
+}
+
+/// At most this many symlinks on one path, as the kernel's `ELOOP` limit.
+const MAX_SYMLINKS: usize = 40;
+
+/// Resolves `path` one component at a time, as the kernel does: returns where it leads (a missing tail
+/// kept as it is, like [`canonicalize_lenient`]) and where each symlink followed on the way lies (its
+/// directory resolved). A loop is an error.
+fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
+    let absolute = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    let mut pending: Vec<OsString> = components_reversed(&absolute);
+    let mut resolved = PathBuf::from("/");
+    let mut links = Vec::new();
+    let mut missing = false;
+    while let Some(part) = pending.pop() {
+        match part.to_str() {
+            Some("/") => resolved = PathBuf::from("/"),
+            Some(".") => {}
+            Some("..") => {
+                resolved.pop();
+            }
+            _ => {
+                let candidate = resolved.join(&part);
+                if !missing {
+                    match fs::symlink_metadata(&candidate) {
+                        Ok(meta) if meta.file_type().is_symlink() => {
+                            if links.len() == MAX_SYMLINKS {
+                                return Err(io::Error::other(format!(
+                                    "more than {MAX_SYMLINKS} symlinks on the way to {}",
+                                    path.display()
+                                )));
+                            }
+                            let target = fs::read_link(&candidate)?;
+                            links.push(candidate);
+                            pending.extend(components_reversed(&target));
+                            continue;
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => missing = true,
+                        Err(e) => return Err(e),
+                    }
+                }
+                resolved = candidate;
+            }
+        }
+    }
+    Ok((resolved, links))
+}
+
+/// A path's components as strings, last first (`/` for the root), for [`resolve_recording_links`]'s
+/// stack.
+fn components_reversed(path: &Path) -> Vec<OsString> {
+    path.components()
+        .rev()
+        .map(|c| c.as_os_str().to_owned())
+        .collect()
 }
 
 #[cfg(test)]
@@ -596,5 +661,69 @@ mod tests {
             [named.canonicalize().unwrap().join("allowed-hosts"), target]
         );
         std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn every_symlink_on_the_way_to_the_allowlist_is_guarded() {
+        // ~/.config/agent-sandbox/allowed-hosts -> ~/src/links/al/allowed-hosts, and ~/src/links/al ->
+        // /srv: a project at ~/src/links holds the `al` link, which its sandbox could point elsewhere.
+        /// Removes the test's directory however the test ends.
+        struct Removed(PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let tmp = std::env::temp_dir().join(format!("as-workdir-hops-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let _removed = Removed(tmp.clone());
+        let home = tmp.join("home");
+        let config = home.join(".config/agent-sandbox");
+        let links = home.join("src/links");
+        let srv = tmp.join("srv");
+        for d in [&config, &links, &srv] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(srv.join("allowed-hosts"), "example.com\n").unwrap();
+        std::os::unix::fs::symlink(&srv, links.join("al")).unwrap();
+        let named = config.join("allowed-hosts");
+        std::os::unix::fs::symlink(links.join("al/allowed-hosts"), &named).unwrap();
+        let (home, links, srv) = (
+            home.canonicalize().unwrap(),
+            links.canonicalize().unwrap(),
+            srv.canonicalize().unwrap(),
+        );
+        let locations = allowlist_locations(&named).unwrap();
+        assert_eq!(
+            locations,
+            [
+                home.join(".config/agent-sandbox/allowed-hosts"),
+                links.join("al"),
+                srv.join("allowed-hosts"),
+            ]
+        );
+        let guarded = Guarded {
+            homes: vec![home.clone()],
+            allowlist: locations,
+            ..Guarded::default()
+        };
+        assert!(matches!(
+            check(&links, &guarded),
+            Err(Refusal::ContainsAllowlist { allowlist, .. }) if allowlist == links.join("al")
+        ));
+        assert!(check(&home.join("src/other"), &guarded).is_ok());
+
+        // A relative link, `..` after a link, and a missing tail resolve as the kernel would.
+        let rel = tmp.join("rel");
+        std::os::unix::fs::symlink("srv/../srv", &rel).unwrap();
+        let (target, met) = resolve_recording_links(&rel.join("./missing/../x")).unwrap();
+        assert_eq!(target, srv.join("x"));
+        assert_eq!(met, [tmp.canonicalize().unwrap().join("rel")]);
+        // A loop is an error, not a hang.
+        let a = tmp.join("loop-a");
+        std::os::unix::fs::symlink(tmp.join("loop-b"), &a).unwrap();
+        std::os::unix::fs::symlink(&a, tmp.join("loop-b")).unwrap();
+        let err = allowlist_locations(&a.join("allowed-hosts")).unwrap_err();
+        assert!(err.to_string().contains("symlinks"), "{err}");
     }
 }
