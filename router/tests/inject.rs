@@ -520,6 +520,22 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                     }
                     continue;
                 }
+                if path == "/v1/oauth/token" && contains(&request, "encoded-error") {
+                    // A token endpoint that ignores `Accept-Encoding: identity` on an error: what the
+                    // client would decompress is not what the router's checks read (stand-in bytes,
+                    // UTF-8 so that the test store's own checks pass them).
+                    let content = b"compressed-bytes";
+                    let mut response = format!(
+                        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n",
+                        content.len()
+                    )
+                    .into_bytes();
+                    response.extend_from_slice(content);
+                    if tls.write_all(&response).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 if path == "/v1/oauth/token" && contains(&request, "never-answer") {
                     // A token endpoint that takes the request and never answers.
                     tokio::time::sleep(Duration::from_secs(120)).await;
@@ -1113,6 +1129,33 @@ async fn a_transfer_coded_response_is_refused() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     let sent = String::from_utf8_lossy(&seen[0].bytes).to_ascii_lowercase();
     assert!(!sent.contains("\r\nte:"), "{sent}");
+}
+
+/// A token endpoint's answer in a content coding (which the router asked it not to use) could carry a
+/// real token the router's checks cannot read, as an ordinary answer could: 502, none of it passed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_token_response_is_refused() {
+    require_netns!();
+    let lab = Lab::start_with("injtokgz", true).await;
+    let token = lab.world.name("token");
+    let body = format!(
+        "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"encoded-error\"}}"
+    );
+    let mut c = lab.connect("token").await;
+    c.send(
+        format!(
+            "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let got = c.rest().await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+    assert!(!contains(&got, "compressed-bytes"), "{text}");
+    let seen = lab.recorder.for_sni(&token);
+    assert_eq!(seen.len(), 1, "{seen:?}");
 }
 
 /// A token exchange holds the store's lock (this router's and, through the flock, every other

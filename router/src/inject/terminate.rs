@@ -735,15 +735,7 @@ impl Relay<'_> {
                 return Err(self.bad_upstream("the upstream switched protocols unasked"));
             }
             if frame.encoded {
-                // Asked for identity (and sent no TE); an encoded body could carry a secret the scan
-                // cannot read.
-                self.bad_upstream(
-                    "the upstream sent a content-encoded response the scan cannot read",
-                );
-                self.write(&bad_gateway("the upstream's response was content-encoded"))
-                    .await?;
-                let _ = self.client_w.shutdown().await;
-                return Err(End);
+                return self.refuse_encoded().await;
             }
             self.send(&head).await?;
             if (100..200).contains(&frame.code) {
@@ -800,11 +792,25 @@ impl Relay<'_> {
         }
     }
 
+    /// Refuses a response in a content or transfer coding (other than chunked): the router asked for
+    /// identity and sent no TE, and an encoded body could carry a secret that neither the scan nor the
+    /// token store's checks can read. The client gets a 502 and none of the response.
+    async fn refuse_encoded<T>(&mut self) -> Result<T, End> {
+        self.bad_upstream("the upstream sent a content-encoded response the scan cannot read");
+        self.write(&bad_gateway("the upstream's response was content-encoded"))
+            .await?;
+        let _ = self.client_w.shutdown().await;
+        Err(End)
+    }
+
     /// Reads a token endpoint's whole response, hands its body to the store, and sends the rewritten
     /// response with its new length.
     async fn token_response(&mut self, exchange: Box<dyn TokenFinish>) -> Result<bool, End> {
         let frame = loop {
             let frame = self.head().await?;
+            if frame.code == 101 {
+                return Err(self.bad_upstream("the upstream switched protocols unasked"));
+            }
             if (100..200).contains(&frame.code) {
                 // Interim answers carry nothing of the store's; dropped (the body was sent whole).
                 self.rbuf.drain(..frame.len);
@@ -812,6 +818,9 @@ impl Relay<'_> {
             }
             break frame;
         };
+        if frame.encoded {
+            return self.refuse_encoded().await;
+        }
         let head: Vec<u8> = self.rbuf.drain(..frame.len).collect();
         let mut raw = Vec::new();
         match frame.body {
