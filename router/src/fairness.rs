@@ -6,10 +6,12 @@
 //! address. [`ClientSlots`] stops one client holding idle or half-sent connections from using up the
 //! global cap that everyone's answers wait on; [`WildcardBudget`] bounds the data channel that names under
 //! a wildcard entry open: the client chooses the labels, and resolving them sends them to the upstream DNS
-//! servers.
+//! servers. [`PeekBudget`] bounds the memory that ClientHellos and request heads larger than usual hold
+//! while they are read, over all connections.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,16 @@ use crate::proxy::cache::ResolveCache;
 /// Refusals of clients at their cap answered with a short linger at once (the rest are closed
 /// without one): a client flooding past its cap must not buy itself unbounded lingering sockets.
 const LINGERING_REFUSALS: usize = 256;
+
+/// Memory each connection's peek buffers (a ClientHello or request head being read) may hold without
+/// drawing on the [`PeekBudget`]: a real client's hello or head, post-quantum key shares included,
+/// takes one read of at most 4 KiB.
+pub const PEEK_FREE: usize = 8 * 1024;
+
+/// Memory the peek buffers of all connections together may hold beyond [`PEEK_FREE`] each. The parsers'
+/// own caps allow one connection up to about 384 KiB (a 64 KiB hello in tiny records, and a second hello
+/// after a retry); without a shared bound, a few clients at their connection cap could hold gigabytes.
+pub const PEEK_BUDGET: usize = 8 * 1024 * 1024;
 
 /// Everything every worker shares to keep clients apart: the global connection cap, the per-client
 /// slots, the wildcard lookup budget, the resolver cache, and the metrics (where what the bounds did is
@@ -41,6 +53,8 @@ pub struct Bounds {
     pub metrics: Arc<Metrics>,
     /// Over-cap refusals that may linger at once (see [`LINGERING_REFUSALS`]).
     pub lingering: Arc<Semaphore>,
+    /// Memory for large ClientHellos and request heads, over all connections.
+    pub peek: Arc<PeekBudget>,
     /// The per-client cap, for the texts refused clients see.
     pub per_client: u32,
     /// The wildcard budget per minute, for the texts refused clients see.
@@ -66,8 +80,98 @@ impl Bounds {
             cache: Arc::new(ResolveCache::default()),
             metrics,
             lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
+            peek: Arc::new(PeekBudget::new(PEEK_BUDGET)),
             per_client,
             wildcard_per_minute,
+        }
+    }
+}
+
+/// The memory that peek buffers may hold beyond [`PEEK_FREE`] each, over all connections: a connection
+/// whose ClientHello or request head would take more than is left is refused (and the rest keep
+/// working), so the router's memory stays within what its sizing says whatever clients send.
+#[derive(Debug)]
+pub struct PeekBudget {
+    /// Bytes charged now.
+    used: AtomicUsize,
+    /// The most that may be charged.
+    limit: usize,
+}
+
+/// The peek buffers would need more memory than [`PEEK_BUDGET`] has left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the router's memory for large ClientHellos and request heads ({} MiB over all connections) is in use", PEEK_BUDGET >> 20)]
+pub struct PeekBudgetSpent;
+
+impl PeekBudget {
+    /// A budget of `limit` bytes.
+    #[must_use]
+    pub fn new(limit: usize) -> PeekBudget {
+        PeekBudget {
+            used: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Bytes charged now, over all connections.
+    #[must_use]
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+/// One connection's share of the [`PeekBudget`]; what it holds is given back when it is dropped.
+#[derive(Debug)]
+pub struct PeekCharge {
+    /// The budget drawn on.
+    budget: Arc<PeekBudget>,
+    /// Bytes charged to this connection.
+    charged: usize,
+}
+
+impl PeekCharge {
+    /// A connection's charge, holding nothing yet.
+    #[must_use]
+    pub fn new(budget: &Arc<PeekBudget>) -> PeekCharge {
+        PeekCharge {
+            budget: Arc::clone(budget),
+            charged: 0,
+        }
+    }
+
+    /// The connection's peek buffers now hold `bytes` (their capacity): charges what is above
+    /// [`PEEK_FREE`], or gives back what is no longer needed. On `Err` nothing changed, and the buffers
+    /// must not grow: the connection is refused.
+    pub fn hold(&mut self, bytes: usize) -> Result<(), PeekBudgetSpent> {
+        let want = bytes.saturating_sub(PEEK_FREE);
+        if want == self.charged {
+            // The usual case (nothing charged, nothing to charge) touches no shared cache line.
+            return Ok(());
+        }
+        if want < self.charged {
+            self.budget
+                .used
+                .fetch_sub(self.charged - want, Ordering::Relaxed);
+            self.charged = want;
+            return Ok(());
+        }
+        let more = want - self.charged;
+        let limit = self.budget.limit;
+        self.budget
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(more).filter(|&total| total <= limit)
+            })
+            .map_err(|_| PeekBudgetSpent)?;
+        self.charged = want;
+        Ok(())
+    }
+}
+
+impl Drop for PeekCharge {
+    fn drop(&mut self) {
+        if self.charged > 0 {
+            self.budget.used.fetch_sub(self.charged, Ordering::Relaxed);
         }
     }
 }
@@ -207,6 +311,34 @@ impl WildcardBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peek_charges_are_bounded_and_given_back() {
+        let budget = Arc::new(PeekBudget::new(100 * 1024));
+        let mut a = PeekCharge::new(&budget);
+        let mut b = PeekCharge::new(&budget);
+        // The usual hello or head costs nothing.
+        a.hold(PEEK_FREE).unwrap();
+        assert_eq!(budget.used(), 0);
+        a.hold(PEEK_FREE + 60 * 1024).unwrap();
+        assert_eq!(budget.used(), 60 * 1024);
+        // More than is left: refused, and nothing changes.
+        assert_eq!(b.hold(PEEK_FREE + 50 * 1024), Err(PeekBudgetSpent));
+        assert_eq!(budget.used(), 60 * 1024);
+        b.hold(PEEK_FREE + 40 * 1024).unwrap();
+        assert_eq!(budget.used(), 100 * 1024);
+        // A connection's own growth is refused the same way; shrinking gives back.
+        assert_eq!(a.hold(PEEK_FREE + 61 * 1024), Err(PeekBudgetSpent));
+        a.hold(PEEK_FREE + 10 * 1024).unwrap();
+        assert_eq!(budget.used(), 50 * 1024);
+        drop(b);
+        assert_eq!(budget.used(), 10 * 1024);
+        a.hold(0).unwrap();
+        assert_eq!(budget.used(), 0);
+        a.hold(usize::MAX).unwrap_err();
+        drop(a);
+        assert_eq!(budget.used(), 0);
+    }
 
     #[test]
     fn slots_are_capped_per_client_and_given_back() {

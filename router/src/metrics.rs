@@ -148,6 +148,9 @@ label_enum! {
         BadHello => "bad_hello",
         /// An HTTP request head the router will not route: malformed, no or several Hosts, h2c, ...
         BadRequest => "bad_request",
+        /// A ClientHello or request head larger than usual while the memory all connections share for
+        /// those was in use ([`PEEK_BUDGET`](crate::fairness::PEEK_BUDGET)).
+        PeekMemory => "peek_memory",
         /// The router is draining after SIGTERM.
         Draining => "draining",
     }

@@ -211,6 +211,103 @@ fn a_client_at_its_cap_is_turned_away_and_another_is_served() {
         .starts_with("127.0.0.1")));
 }
 
+/// The start of a ClientHello announcing a body of nearly 64 KiB, sent in records of 10 bytes and
+/// never finished: what the parsers' caps allow one connection to make the router hold (about 190 KiB
+/// of buffers).
+fn large_unfinished_hello() -> Vec<u8> {
+    let body_len: u32 = 65_000;
+    let mut handshake = vec![1];
+    handshake.extend_from_slice(&body_len.to_be_bytes()[1..]);
+    handshake.extend_from_slice(&[0x03, 0x03]);
+    handshake.resize(64_000, 0x11);
+    build::records(&handshake, 10)
+}
+
+/// A complete ClientHello for `name` of about 40 KiB (padding), in 16 KiB records.
+fn large_hello(name: &str) -> Vec<u8> {
+    build::hello_record(&[name.as_bytes()], 40_000)
+}
+
+/// The TLS alert or HTTP answer `bytes` get on a fresh connection to `to`.
+fn answer(to: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut c = connect_from(Ipv4Addr::LOCALHOST, to);
+    // The router may refuse before it has read everything: a failed write is part of the answer.
+    let _ = c.write_all(bytes);
+    read_all(&mut c).0
+}
+
+/// ClientHellos and request heads larger than usual draw on one memory budget for all connections
+/// (8 MiB past the first 8 KiB of each): clients holding it with unfinished 64 KiB hellos get the
+/// next large hello refused (internal_error) and the next large head refused (503), while ordinary
+/// hellos and heads are still decided; once they go, large ones are decided again. Without the budget,
+/// these 120 connections alone held about 22 MiB, and the per-client cap allows 1,024.
+#[test]
+fn large_hellos_and_heads_share_one_memory_budget() {
+    let router = start_router(
+        "allowed.test\n",
+        Some("127.0.0.1:9".parse().unwrap()),
+        &["--peek-timeout", "120", "--threads", "1"],
+    );
+    let (http, https) = (addr(&router, "http"), addr(&router, "https"));
+    let unfinished = large_unfinished_hello();
+    let holders: Vec<_> = (0..120)
+        .map(|_| {
+            let mut c = connect_from(Ipv4Addr::LOCALHOST, https);
+            let _ = c.write_all(&unfinished);
+            c
+        })
+        .collect();
+    router.wait_for_log("a hello refused for the budget", |log| {
+        log.contains("memory for large ClientHellos and request heads")
+    });
+    const INTERNAL_ERROR: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 80];
+    const ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49];
+    // The holders' bytes may still be on their way in: once they are read, a large hello finds the
+    // budget spent.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answer(https, &large_hello("other.test")) != INTERNAL_ERROR {
+        assert!(Instant::now() < deadline, "a large hello was still decided");
+    }
+    // An ordinary hello is decided as ever.
+    assert_eq!(
+        answer(https, &build::hello_record(&[b"other.test"], 0)),
+        ACCESS_DENIED
+    );
+    // The same for request heads: a 20 KiB head is refused with a 503 that says why, a small one is
+    // decided.
+    let big_head = format!(
+        "GET / HTTP/1.1\r\nHost: other.test\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(20_000)
+    );
+    let text = String::from_utf8(answer(http, big_head.as_bytes())).unwrap();
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("memory for large ClientHellos"), "{text}");
+    let text =
+        String::from_utf8(answer(http, b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")).unwrap();
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+    // The holders go: the budget is given back, and large hellos and heads are decided again.
+    drop(holders);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answer(https, &large_hello("other.test")) != ACCESS_DENIED {
+        assert!(Instant::now() < deadline, "the budget was not given back");
+    }
+    let text = String::from_utf8(answer(http, big_head.as_bytes())).unwrap();
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+    let spent: Vec<_> = refused_events(&router)
+        .into_iter()
+        .filter(|e| {
+            e["fields"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("memory for large ClientHellos"))
+        })
+        .collect();
+    assert!(
+        spent.iter().any(|e| e["fields"]["kind"] == "tls")
+            && spent.iter().any(|e| e["fields"]["kind"] == "http"),
+        "{spent:?}"
+    );
+}
+
 /// DNS over TCP: an idle connection is closed after the peek timeout even after answered queries.
 #[test]
 fn dns_over_tcp_idle_connections_are_closed() {

@@ -8,7 +8,7 @@
 //! How far the two halves have got is a [`Halves`] state.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agent_sandbox_shared::logs::{Decision, Kind};
@@ -22,10 +22,15 @@ use super::http::{self, BodyFramer, HeadError, HeadReader, RequestHead, Status};
 use super::refusal::{self, refuse_http, send_and_close, Refusals};
 use super::relay::{self, read_maybe_first, read_some, shutdown_write, write_all, write_first};
 use super::{show, Proxy, PEEK_READ};
+use crate::fairness::{PeekBudgetSpent, PeekCharge};
 use crate::metrics::{CloseReason, RefusalReason};
 
-/// Read size while relaying HTTP request bodies.
+/// Read size while relaying HTTP request bodies, while the [`PeekBudget`](crate::fairness::PeekBudget)
+/// has room for the buffer (it is charged like a large head: an upstream that stops reading leaves it
+/// full).
 const BODY_READ: usize = 64 * 1024;
+/// Read size for request bodies when the budget has no room: what the relay's copy buffer holds too.
+const SMALL_BODY_READ: usize = 16 * 1024;
 
 impl Proxy {
     /// One HTTP connection.
@@ -35,6 +40,7 @@ impl Proxy {
             rules: self.rules.load(),
             refusals: &self.refusals,
             peek_timeout: self.peek_timeout,
+            peek: Mutex::new(PeekCharge::new(&self.bounds.peek)),
             log: ConnLog::new(
                 peer,
                 Kind::Http,
@@ -75,6 +81,9 @@ struct HttpConn<'a> {
     refusals: &'a Refusals,
     /// How long a request head may take once it has begun.
     peek_timeout: Duration,
+    /// The request buffer's charge to the router-wide budget for large heads, updated as heads are read
+    /// (locked only between awaits).
+    peek: Mutex<PeekCharge>,
     /// This connection's log.
     log: ConnLog,
 }
@@ -112,6 +121,13 @@ impl HttpConn<'_> {
                 self.log.refuse("", &reason, RefusalReason::BadRequest);
                 let body = self.refusals.bad_request_body("", &reason);
                 refuse_http(self.client, e.status(), &body).await;
+                return None;
+            }
+            HeadRead::Spent => {
+                drop(buf);
+                let reason = PeekBudgetSpent.to_string();
+                self.log.refuse("", &reason, RefusalReason::PeekMemory);
+                refuse_http(self.client, Status::ServiceUnavailable, &busy_body(&reason)).await;
                 return None;
             }
         };
@@ -158,6 +174,14 @@ impl HttpConn<'_> {
         Ok(name)
     }
 
+    /// The request buffer now holds `bytes`: [`PeekCharge::hold`].
+    fn hold(&self, bytes: usize) -> Result<(), PeekBudgetSpent> {
+        self.peek
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .hold(bytes)
+    }
+
     /// Reads until `buf` starts with a complete head. With a `deadline`, the whole head must arrive by
     /// then (the first request). Without one (between requests on a kept-alive connection) the wait for
     /// the first byte is unbounded — TCP keepalive covers a vanished peer — but once a head has begun it
@@ -169,6 +193,16 @@ impl HttpConn<'_> {
     ) -> HeadRead {
         // Scans only the bytes each read adds: a head sent a byte at a time costs linear work.
         let mut reader = HeadReader::new();
+        // What the buffer holds past the usual is charged while a head is read; a buffer dropped
+        // since the last head gives its charge back here.
+        let charge = |buf: &Vec<u8>| self.hold(buf.capacity());
+        // What a body left behind is more than the next head needs.
+        if buf.len() <= PEEK_READ {
+            buf.shrink_to(PEEK_READ);
+        }
+        if charge(buf).is_err() {
+            return HeadRead::Spent;
+        }
         // The first request's first read goes out at once (see `read_first`); later heads on a
         // kept-alive connection are usually not there yet, so they wait for the runtime.
         let mut first = deadline.is_some() && buf.is_empty();
@@ -191,6 +225,7 @@ impl HttpConn<'_> {
             };
             match n {
                 Ok(0) | Err(_) => return HeadRead::Eof,
+                Ok(_) if charge(buf).is_err() => return HeadRead::Spent,
                 Ok(_) => {}
             }
         }
@@ -208,6 +243,8 @@ enum HeadRead {
     Timeout,
     /// The head is refused.
     Bad(HeadError),
+    /// The head is larger than usual and the router-wide budget for those is in use.
+    Spent,
 }
 
 /// An allowed HTTP connection with its upstream.
@@ -427,7 +464,18 @@ impl HttpRelay<'_> {
         let mut framer = BodyFramer::new(head.body);
         while !framer.is_done() {
             if buf.is_empty() {
-                match read_some(client, buf, BODY_READ).await {
+                // Large reads while the budget has room for them; past it, a buffer of the size every
+                // connection may hold (a client whose upstream stops reading holds its buffer full).
+                let read = if self
+                    .conn
+                    .hold(buf.capacity().max(buf.len() + BODY_READ))
+                    .is_ok()
+                {
+                    BODY_READ
+                } else {
+                    SMALL_BODY_READ
+                };
+                match read_some(client, buf, read).await {
                     Ok(0) => return Err(RequestsEnd::ClientDone),
                     Ok(_) => {}
                     Err(_) => return Err(RequestsEnd::Failed),
@@ -473,6 +521,14 @@ impl HttpRelay<'_> {
                 log.refuse(name, &reason, RefusalReason::BadRequest);
                 let body = self.conn.refusals.bad_request_body(name, &reason);
                 Err(RequestsEnd::Refused(http::response(e.status(), &body)))
+            }
+            HeadRead::Spent => {
+                let reason = PeekBudgetSpent.to_string();
+                log.refuse(name, &reason, RefusalReason::PeekMemory);
+                Err(RequestsEnd::Refused(http::response(
+                    Status::ServiceUnavailable,
+                    &busy_body(&reason),
+                )))
             }
         }
     }
@@ -534,6 +590,12 @@ fn strip_port(authority: &str) -> &str {
         }
         _ => authority,
     }
+}
+
+/// What a client refused for [`PeekBudgetSpent`] reads: the router is short of memory for a head this
+/// large; a smaller head, or the same one later, goes through.
+fn busy_body(reason: &str) -> String {
+    format!("agent-sandbox router: {reason}; send a smaller request head, or retry later\n")
 }
 
 #[cfg(test)]

@@ -169,6 +169,12 @@ impl SecondHello {
         &self.raw
     }
 
+    /// The memory its buffers hold (their capacity), for the [`PeekBudget`](crate::fairness::PeekBudget).
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.raw.capacity() + self.hello.held()
+    }
+
     /// Adds client bytes. `Ok(false)`: more are needed; `Ok(true)`: the second hello is acceptable.
     pub fn push(&mut self, data: &[u8]) -> Result<bool, RetryError> {
         if self.raw.len() + data.len() > MAX_BUFFERED {

@@ -136,6 +136,12 @@ impl HelloReader {
         &self.raw
     }
 
+    /// The memory its buffers hold (their capacity), for the [`PeekBudget`](crate::fairness::PeekBudget).
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.raw.capacity() + self.handshake.capacity()
+    }
+
     /// Takes the buffered bytes.
     #[must_use]
     pub fn into_buffered(self) -> Vec<u8> {

@@ -31,6 +31,7 @@ use super::relay::{self, read_maybe_first, read_some, shutdown_write, write_all,
 use super::retry::{SecondHello, ServerFirst, ServerHelloWatch};
 use super::tls::{AlertDescription, HelloReader};
 use super::{show, Proxy, PEEK_READ};
+use crate::fairness::{PeekBudgetSpent, PeekCharge};
 use crate::metrics::{CloseReason, RefusalReason};
 
 impl Proxy {
@@ -43,7 +44,10 @@ impl Proxy {
             Arc::clone(&self.bounds.metrics),
         );
         let rules = self.rules.load();
-        let Some(reader) = self.read_hello(&client, &log).await else {
+        // What the peek buffers hold past the usual is charged to the router-wide budget until they are
+        // gone (dropped before a terminated connection's or a relay's long life).
+        let mut charge = PeekCharge::new(&self.bounds.peek);
+        let Some(reader) = self.read_hello(&client, &log, &mut charge).await else {
             return;
         };
         let sni = reader.sni();
@@ -74,6 +78,7 @@ impl Proxy {
         if let Some(inject) = self.inject.as_ref().filter(|i| i.terminates(&name)) {
             let inject = Arc::clone(inject);
             let hello = reader.into_buffered();
+            drop(charge);
             // Boxed: the terminated connection's state (rustls on both legs) is several KiB, and inline
             // it would make every spliced connection's task that large too (7 KiB each, measured with
             // 1,000 open connections).
@@ -99,11 +104,12 @@ impl Proxy {
         log.up(hello.len() as u64);
         drop(hello);
         if !self
-            .check_retry(&client, &upstream, first_sni, after, &log)
+            .check_retry(&client, &upstream, first_sni, after, &log, &mut charge)
             .await
         {
             return;
         }
+        drop(charge);
         let relaying = relay::relay(&client, &upstream, &log.bytes_up, &log.bytes_down);
         if let Some(Err(error)) = self.until_idle(&log, relaying).await {
             debug!(%error, "relay ended with an error");
@@ -114,8 +120,8 @@ impl Proxy {
     /// passes them to the client; after a retry, reads the client's second ClientHello and passes it on
     /// only if it names `first_sni` and carries no ECH. `after` is what the client sent after its first
     /// hello in the same reads: held until the answer is known, then passed on (no retry) or read as
-    /// the start of the second hello's stream (a retry). Each read is bounded by the peek timeout.
-    /// `false`: the connection is over (logged).
+    /// the start of the second hello's stream (a retry). Each read is bounded by the peek timeout, and
+    /// what the second hello's buffers hold by `charge`. `false`: the connection is over (logged).
     async fn check_retry(
         &self,
         client: &TcpStream,
@@ -123,6 +129,7 @@ impl Proxy {
         first_sni: Vec<u8>,
         after: Vec<u8>,
         log: &ConnLog,
+        charge: &mut PeekCharge,
     ) -> bool {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut watch = ServerHelloWatch::new();
@@ -168,7 +175,19 @@ impl Proxy {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut second = SecondHello::new(first_sni);
         let mut step = second.push(&after);
+        drop(after);
         loop {
+            if step.is_ok() && charge.hold(second.held()).is_err() {
+                drop(second);
+                log.refuse(
+                    &shown,
+                    &PeekBudgetSpent.to_string(),
+                    RefusalReason::PeekMemory,
+                );
+                // The upstream has seen only the first hello: nothing after it reaches it.
+                shutdown_write(client);
+                return false;
+            }
             match step {
                 Ok(false) => {}
                 Ok(true) => {
@@ -207,9 +226,15 @@ impl Proxy {
         }
     }
 
-    /// Reads until the ClientHello is complete, within the peek timeout. `None`: the connection is over
-    /// (refused, timed out or closed; already logged and answered).
-    async fn read_hello(&self, client: &TcpStream, log: &ConnLog) -> Option<Hello> {
+    /// Reads until the ClientHello is complete, within the peek timeout and what `charge` allows the
+    /// buffers to hold. `None`: the connection is over (refused, timed out or closed; already logged and
+    /// answered).
+    async fn read_hello(
+        &self,
+        client: &TcpStream,
+        log: &ConnLog,
+        charge: &mut PeekCharge,
+    ) -> Option<Hello> {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut reader = HelloReader::new();
         let mut buf = Vec::with_capacity(PEEK_READ);
@@ -236,6 +261,13 @@ impl Proxy {
                     return None;
                 }
                 Ok(Ok(_)) => match reader.push(&buf) {
+                    // Charged as soon as the buffers have grown, and given up before any await.
+                    Ok(_) if charge.hold(reader.held()).is_err() => {
+                        drop(reader);
+                        log.refuse("", &PeekBudgetSpent.to_string(), RefusalReason::PeekMemory);
+                        refuse_tls(client, AlertDescription::InternalError).await;
+                        return None;
+                    }
                     Ok(None) => {}
                     Ok(Some(sni)) => return Some(Hello { reader, sni }),
                     Err(e) => {
