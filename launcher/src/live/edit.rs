@@ -1,11 +1,11 @@
-//! Editing the allowlist file: appending entries with a dated comment, removing lines, and the
-//! atomic replacement that keeps the file's mode. Pure text functions, tested as tables; the caller
-//! reads and writes the file.
+//! Editing the allowlist file: appending entries with a dated comment, removing lines, and finding the
+//! lines that still allow a denied name (by the router's own [`Policy`], line by line). Pure text
+//! functions, tested as tables; the caller reads and writes the file.
 
 use std::fmt::Write as _;
 
-use agent_sandbox_shared::allowlist::{parse_line, Entry};
-use agent_sandbox_shared::{Allowlist, AllowlistError};
+use agent_sandbox_shared::allowlist::Entry;
+use agent_sandbox_shared::{Allowlist, AllowlistError, Policy};
 
 /// The entries given on the command line, validated with the allowlist parser: the messages are the
 /// file's, with `argument N` where a file has a line.
@@ -29,13 +29,16 @@ pub fn validate_args(entries: &[String]) -> Result<Vec<String>, AllowlistError> 
     Ok(entries.iter().map(|e| e.trim().to_owned()).collect())
 }
 
-/// The entries a line's content stands for (`@group` expanded), or none for comments and blanks.
+/// The entries a line's content stands for, as the parser reads them into an allowlist (`@group`
+/// expanded, `host:443` the same as `host`), or none for comments, blanks and unreadable lines.
 fn line_entries(line: &str) -> Option<(String, Vec<Entry>)> {
     let content = line.split('#').next().unwrap_or_default().trim();
     if content.is_empty() {
         return None;
     }
-    parse_line(content).ok().map(|e| (content.to_owned(), e))
+    Allowlist::parse(content, "")
+        .ok()
+        .map(|l| (content.to_owned(), l.entries().to_vec()))
 }
 
 /// Whether `line`'s entry is the same as `entry` (both written in allowlist syntax).
@@ -43,8 +46,8 @@ fn same_entry(line_content: &str, line: &[Entry], entry: &str) -> bool {
     if entry.starts_with('@') || line_content.starts_with('@') {
         return line_content.eq_ignore_ascii_case(entry);
     }
-    match parse_line(entry) {
-        Ok(e) => e == line,
+    match Allowlist::parse(entry, "") {
+        Ok(e) => e.entries() == line,
         Err(_) => false,
     }
 }
@@ -77,104 +80,243 @@ pub fn append(text: &str, entries: &[String], date: &str) -> (String, Vec<String
     (out, added)
 }
 
-/// Why `deny` cannot remove an entry.
+/// What `deny` took out of one allowlist text (the file's, or a session's own entries).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Removal {
+    /// The text without the removed lines; everything else (comments too) as it was.
+    pub text: String,
+    /// How many lines went.
+    pub lines: usize,
+    /// Per denied entry, in order: whether it had a line of its own here.
+    pub found: Vec<bool>,
+}
+
+/// `text` without the lines that are exactly one of `entries` (`A.com.` is `a.com`, `a.com:443` is
+/// `a.com`, as the parser reads them). A wildcard, group or host:port line that allows an entry's name
+/// is not such a line and stays: [`allowing`] finds it.
+#[must_use]
+pub fn remove(text: &str, entries: &[String]) -> Removal {
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let parsed: Vec<Option<(String, Vec<Entry>)>> = lines.iter().map(|l| line_entries(l)).collect();
+    let mut drop = vec![false; lines.len()];
+    let mut found = vec![false; entries.len()];
+    for (e, found) in entries.iter().zip(&mut found) {
+        for (i, p) in parsed.iter().enumerate() {
+            if let Some((content, line)) = p {
+                if same_entry(content, line, e) {
+                    drop[i] = true;
+                    *found = true;
+                }
+            }
+        }
+    }
+    Removal {
+        text: lines
+            .iter()
+            .zip(&drop)
+            .filter(|(_, d)| !**d)
+            .map(|(l, _)| *l)
+            .collect(),
+        lines: drop.iter().filter(|d| **d).count(),
+        found,
+    }
+}
+
+/// What a denied entry stood for, each part with the name it is reported by: the entry as written, or
+/// for a group each of its hosts. Empty for an entry the parser refuses (arguments are validated first).
+fn denied_parts(entry: &str) -> Vec<(String, Entry)> {
+    let Ok(list) = Allowlist::parse(entry, "the command line") else {
+        return Vec::new();
+    };
+    let group = entry.trim_start().starts_with('@');
+    list.entries()
+        .iter()
+        .map(|e| {
+            let name = if group {
+                e.to_string()
+            } else {
+                entry.trim().to_owned()
+            };
+            (name, e.clone())
+        })
+        .collect()
+}
+
+/// Whether `policy` still allows `part` of a denied entry, by the router's own matching: a name
+/// through [`Policy::allows`] (an exact line, a host:port line of that host, a wildcard over it, a
+/// group holding it), a host:port entry through [`Policy::allows_port`], and a wildcard when the
+/// policy's wildcards alone still allow its apex (a wildcard at or above it still lets every name below
+/// through; an exact line of the apex alone does not undo the deny of the names below).
+fn policy_allows(policy: &Policy, part: &Entry) -> bool {
+    match part {
+        Entry::Host(n) => policy.allows(n),
+        Entry::Port(n, port) => policy.allows_port(n, *port),
+        Entry::Subdomains(n) => Policy::from_entries(
+            policy
+                .entries()
+                .into_iter()
+                .filter(|e| matches!(e, Entry::Subdomains(_))),
+        )
+        .allows(n),
+    }
+}
+
+/// The parts of denied `entry` (see [`denied_parts`]) that `policy` still allows, by the names they are
+/// reported by.
+#[must_use]
+pub fn still_allowed(policy: &Policy, entry: &str) -> Vec<String> {
+    denied_parts(entry)
+        .into_iter()
+        .filter(|(_, part)| policy_allows(policy, part))
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// A line of allowlist text that still allows part of a denied entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allowing {
+    /// The part still allowed: the denied entry as written, or one host of a denied group.
+    pub name: String,
+    /// The line's entry as written.
+    pub by: String,
+    /// Its line number.
+    pub line: usize,
+    /// The line is a host:port entry of the name's host: it allows the host on ports 80 and 443 too,
+    /// which is easy to miss.
+    pub through_port: bool,
+}
+
+/// The lines of `text` that still allow part of denied `entry`: each line compiled alone into the
+/// router's [`Policy`] and asked as the whole policy is asked ([`still_allowed`]), so this says which
+/// lines make a name allowed without a second matcher. A line unreadable to the parser allows nothing
+/// here (the whole text is validated before anything is written).
+#[must_use]
+pub fn allowing(text: &str, entry: &str) -> Vec<Allowing> {
+    let parts = denied_parts(entry);
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let Some((content, line)) = line_entries(raw) else {
+            continue;
+        };
+        let policy = Policy::from_entries(line.iter().cloned());
+        for (name, part) in &parts {
+            if policy_allows(&policy, part) {
+                out.push(Allowing {
+                    name: name.clone(),
+                    by: content.clone(),
+                    line: i + 1,
+                    through_port: matches!(part, Entry::Host(_))
+                        && line
+                            .iter()
+                            .any(|l| matches!(l, Entry::Port(h, _) if h == part.name())),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Where an entry that still allows a denied name is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// A line of the allowlist file `deny` edits (its path).
+    File(String),
+    /// A running session's own entries (`allow --session`; its id).
+    Session(String),
+    /// A line of the other allowlist file a running session was started with.
+    SessionFile {
+        /// The session id.
+        id: String,
+        /// That file.
+        path: String,
+    },
+}
+
+/// Why a denied name is not refused (yet): `deny` removes whole lines that are exactly the entry, and
+/// reports whatever else allows the name instead of claiming it is refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DenyProblem {
-    /// The name is allowed only by a wildcard or a group line, which `deny NAME` does not remove.
-    CoveredBy {
-        /// The name asked for.
-        name: String,
-        /// The covering line's entry as written.
-        by: String,
-        /// Its line number.
-        line: usize,
+    /// Another line still allows it: a wildcard over it, a group holding it, a host:port line of it.
+    StillAllowed {
+        /// What allows it.
+        allowing: Allowing,
+        /// Where that line is.
+        place: Place,
     },
-    /// Nothing in the text allows it.
+    /// A session's policy still allows it, but no single line of it says so (should not happen: a
+    /// policy is the union of its lines); said rather than hidden.
+    StillAllowedUnexplained {
+        /// The name.
+        name: String,
+        /// The session id.
+        id: String,
+    },
+    /// A session's policy could not be had (the other allowlist it was started with cannot be read),
+    /// so whether it still allows the name cannot be told.
+    Unchecked {
+        /// The name.
+        name: String,
+        /// The session id.
+        id: String,
+        /// Why.
+        error: String,
+    },
+    /// Nothing allowed it and no line was it.
     NotListed(String),
+}
+
+impl DenyProblem {
+    /// The name a policy in force may still allow, or `None` when it is refused everywhere.
+    #[must_use]
+    pub fn still_allowed(&self) -> Option<&str> {
+        match self {
+            DenyProblem::StillAllowed { allowing, .. } => Some(&allowing.name),
+            DenyProblem::StillAllowedUnexplained { name, .. }
+            | DenyProblem::Unchecked { name, .. } => Some(name),
+            DenyProblem::NotListed(_) => None,
+        }
+    }
 }
 
 impl std::fmt::Display for DenyProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DenyProblem::CoveredBy { name, by, line } => write!(
+            DenyProblem::StillAllowed { allowing: a, place } => {
+                let name = &a.name;
+                let by = &a.by;
+                let port = if a.through_port {
+                    format!(", which allows `{name}` on ports 80 and 443 too")
+                } else {
+                    String::new()
+                };
+                match place {
+                    Place::File(path) => write!(
+                        f,
+                        "`{name}` is still allowed by `{by}` ({path} line {}{port}): deny removes only lines that are exactly the entry; `agent-sandbox deny {by}` removes that line, or narrow it by hand and run `agent-sandbox reload`",
+                        a.line
+                    ),
+                    Place::Session(id) => write!(
+                        f,
+                        "`{name}` is still allowed in session {id} by its own entry `{by}` (from `allow --session`{port}): `agent-sandbox deny {by}` removes it"
+                    ),
+                    Place::SessionFile { id, path } => write!(
+                        f,
+                        "`{name}` is still allowed in session {id} by `{by}` ({path} line {}, the allowlist that session was started with{port}): edit that file and run `AGENT_SANDBOX_ALLOWLIST={path} agent-sandbox reload`",
+                        a.line
+                    ),
+                }
+            }
+            DenyProblem::StillAllowedUnexplained { name, id } => write!(
                 f,
-                "`{name}` is allowed by `{by}` (line {line}), not by a line of its own: deny removes whole lines, so remove or narrow that line by hand (then `agent-sandbox reload`)"
+                "`{name}` is still allowed in session {id}, by no line deny can name: check `agent-sandbox sessions` and the allowlist it was started with"
+            ),
+            DenyProblem::Unchecked { name, id, error } => write!(
+                f,
+                "cannot tell whether session {id} still allows `{name}`: {error}"
             ),
             DenyProblem::NotListed(name) => write!(f, "`{name}` is not on the allowlist"),
         }
     }
-}
-
-/// `text` without the lines that are exactly `entries`, and how many lines went; or, when any entry
-/// has no line of its own, what stands in the way (nothing is removed then).
-pub fn remove(text: &str, entries: &[String]) -> Result<(String, usize), Vec<DenyProblem>> {
-    let lines: Vec<&str> = text.split_inclusive('\n').collect();
-    let parsed: Vec<Option<(String, Vec<Entry>)>> = lines.iter().map(|l| line_entries(l)).collect();
-    let mut drop = vec![false; lines.len()];
-    let mut problems = Vec::new();
-    for e in entries {
-        let mut found = false;
-        for (i, p) in parsed.iter().enumerate() {
-            if let Some((content, line)) = p {
-                if same_entry(content, line, e) {
-                    drop[i] = true;
-                    found = true;
-                }
-            }
-        }
-        if found {
-            continue;
-        }
-        problems.push(covering(&parsed, e).unwrap_or_else(|| DenyProblem::NotListed(e.clone())));
-    }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    let removed = drop.iter().filter(|d| **d).count();
-    let kept: String = lines
-        .iter()
-        .zip(&drop)
-        .filter(|(_, d)| !**d)
-        .map(|(l, _)| *l)
-        .collect();
-    Ok((kept, removed))
-}
-
-/// The first line that allows `entry`'s name without being `entry` itself: a wildcard over it, or a
-/// group holding it.
-fn covering(parsed: &[Option<(String, Vec<Entry>)>], entry: &str) -> Option<DenyProblem> {
-    let Ok(wanted) = parse_line(entry) else {
-        return None;
-    };
-    let wanted = wanted.first()?.name().clone();
-    for (i, p) in parsed.iter().enumerate() {
-        let Some((content, line)) = p else { continue };
-        let covers = line.iter().any(|l| match l {
-            Entry::Subdomains(apex) => {
-                wanted == *apex || wanted.parents().any(|p| p == apex.as_str())
-            }
-            Entry::Host(n) | Entry::Port(n, _) => content.starts_with('@') && *n == wanted,
-        });
-        if covers {
-            return Some(DenyProblem::CoveredBy {
-                name: entry.to_owned(),
-                by: content.clone(),
-                line: i + 1,
-            });
-        }
-    }
-    None
-}
-
-/// Removes `entries` from the session-only list, ignoring those it does not hold.
-#[must_use]
-pub fn remove_lenient(text: &str, entries: &[String]) -> String {
-    text.split_inclusive('\n')
-        .filter(|l| match line_entries(l) {
-            Some((content, line)) => !entries.iter().any(|e| same_entry(&content, &line, e)),
-            None => true,
-        })
-        .collect()
 }
 
 /// `YYYY-MM-DD HH:MM UTC` for a time in seconds since the epoch.
@@ -259,39 +401,127 @@ mod tests {
     }
 
     #[test]
-    fn remove_takes_whole_lines_or_says_what_allows_the_name() {
-        let file = "# top\na.com\nA.com. # again\n.wild.com\ndb.com:5432\n@pypi\n";
+    fn remove_takes_whole_lines_that_are_the_entry() {
+        let file = "# top\na.com\nA.com. # again\n.wild.com\ndb.com:5432\nweb.com:443\n@pypi\n";
+        let r = remove(file, &strings(&["a.com", "nope.com"]));
         assert_eq!(
-            remove(file, &strings(&["a.com"])).unwrap(),
-            ("# top\n.wild.com\ndb.com:5432\n@pypi\n".to_owned(), 2)
+            r.text,
+            "# top\n.wild.com\ndb.com:5432\nweb.com:443\n@pypi\n"
         );
-        assert_eq!(
-            remove(file, &strings(&["db.com:5432", ".wild.com", "@PYPI"])).unwrap(),
-            ("# top\na.com\nA.com. # again\n".to_owned(), 3)
+        assert_eq!((r.lines, r.found), (2, vec![true, false]));
+        let r = remove(
+            file,
+            &strings(&["db.com:5432", ".wild.com", "@PYPI", "web.com"]),
         );
-        let cases: &[(&str, &str)] = &[
-            (
-                "x.wild.com",
-                "`x.wild.com` is allowed by `.wild.com` (line 4)",
-            ),
-            ("wild.com", "allowed by `.wild.com` (line 4)"),
-            ("pypi.org", "`pypi.org` is allowed by `@pypi` (line 6)"),
-            ("db.com", "`db.com` is not on the allowlist"),
-            ("other.com", "`other.com` is not on the allowlist"),
-        ];
-        for (name, want) in cases {
-            let problems = remove(file, &strings(&["a.com", name])).unwrap_err();
-            assert_eq!(problems.len(), 1, "{name}");
-            assert!(
-                problems[0].to_string().contains(want),
-                "{name}: {}",
-                problems[0]
-            );
+        assert_eq!(r.text, "# top\na.com\nA.com. # again\n");
+        assert_eq!(r.lines, 4);
+        // Lines that merely allow the name are not the entry: they stay.
+        for name in [
+            "x.wild.com",
+            "wild.com",
+            "pypi.org",
+            "db.com",
+            "db.com:5433",
+        ] {
+            let r = remove(file, &strings(&[name]));
+            assert_eq!((r.text.as_str(), r.lines), (file, 0), "{name}");
         }
+    }
+
+    #[test]
+    fn allowing_names_the_lines_that_still_allow_a_denied_entry() {
+        let file = "# top\na.com\n.wild.com\ndb.com:5432\n@pypi\n.com\n";
+        let at = |name: &str| -> Vec<(String, usize, bool)> {
+            allowing(file, name)
+                .into_iter()
+                .map(|a| (a.by, a.line, a.through_port))
+                .collect()
+        };
+        let by = |v: &[(&str, usize, bool)]| -> Vec<(String, usize, bool)> {
+            v.iter()
+                .map(|(b, l, p)| ((*b).to_owned(), *l, *p))
+                .collect()
+        };
+        assert_eq!(at("a.com"), by(&[("a.com", 2, false), (".com", 6, false)]));
         assert_eq!(
-            remove_lenient("a.com\nb.com\n", &strings(&["b.com", "z.com"])),
-            "a.com\n"
+            at("x.wild.com"),
+            by(&[(".wild.com", 3, false), (".com", 6, false)])
         );
+        assert_eq!(
+            at("db.com"),
+            by(&[("db.com:5432", 4, true), (".com", 6, false)])
+        );
+        assert_eq!(at("db.com:5432"), by(&[("db.com:5432", 4, false)]));
+        // A wildcard is still allowed by a wildcard over it, not by an exact line of its apex.
+        assert_eq!(at(".a.com"), by(&[(".com", 6, false)]));
+        assert_eq!(at("pypi.org"), by(&[("@pypi", 5, false)]));
+        assert!(at("other.net").is_empty());
+        assert!(at("db.com:5433").is_empty());
+        // A group is reported host by host.
+        let names: Vec<String> = allowing("pypi.org\n", "@pypi")
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(names, ["pypi.org"]);
+    }
+
+    #[test]
+    fn still_allowed_asks_the_whole_policy() {
+        let policy = |text: &str| Policy::new(&Allowlist::parse(text, "t").unwrap());
+        let p = policy(".example.com\ndb.com:5432\n");
+        assert_eq!(still_allowed(&p, "x.example.com"), ["x.example.com"]);
+        assert_eq!(still_allowed(&p, "db.com"), ["db.com"]);
+        assert!(still_allowed(&p, "db.com:5433").is_empty());
+        assert!(still_allowed(&p, "other.com").is_empty());
+        assert!(still_allowed(&policy("example.com\n"), ".example.com").is_empty());
+        assert_eq!(
+            still_allowed(&policy(".com\n"), ".example.com"),
+            [".example.com"]
+        );
+    }
+
+    #[test]
+    fn deny_problems_say_where_and_what_to_do() {
+        let a = |through_port| Allowing {
+            name: "db.com".into(),
+            by: "db.com:5432".into(),
+            line: 4,
+            through_port,
+        };
+        let cases = [
+            (
+                DenyProblem::StillAllowed {
+                    allowing: a(true),
+                    place: Place::File("/a".into()),
+                },
+                "`db.com` is still allowed by `db.com:5432` (/a line 4, which allows `db.com` on ports 80 and 443 too): deny removes only lines that are exactly the entry; `agent-sandbox deny db.com:5432` removes that line, or narrow it by hand and run `agent-sandbox reload`",
+            ),
+            (
+                DenyProblem::StillAllowed {
+                    allowing: a(false),
+                    place: Place::Session("0123".into()),
+                },
+                "`db.com` is still allowed in session 0123 by its own entry `db.com:5432` (from `allow --session`): `agent-sandbox deny db.com:5432` removes it",
+            ),
+            (
+                DenyProblem::StillAllowed {
+                    allowing: a(false),
+                    place: Place::SessionFile {
+                        id: "0123".into(),
+                        path: "/b".into(),
+                    },
+                },
+                "`db.com` is still allowed in session 0123 by `db.com:5432` (/b line 4, the allowlist that session was started with): edit that file and run `AGENT_SANDBOX_ALLOWLIST=/b agent-sandbox reload`",
+            ),
+            (
+                DenyProblem::NotListed("x.com".into()),
+                "`x.com` is not on the allowlist",
+            ),
+        ];
+        for (problem, want) in cases {
+            assert_eq!(problem.to_string(), want);
+        }
+        assert_eq!(DenyProblem::NotListed("x".into()).still_allowed(), None);
     }
 
     #[test]

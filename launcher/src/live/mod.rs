@@ -28,7 +28,7 @@ use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 
 use agent_sandbox_shared::allowlist::MAX_ALLOWLIST_BYTES;
-use agent_sandbox_shared::{groups, Allowlist};
+use agent_sandbox_shared::{groups, Allowlist, Policy};
 
 use crate::podman::Podman;
 use crate::settings::Settings;
@@ -62,8 +62,8 @@ pub enum LiveCommand {
         #[arg(value_name = "ENTRY", required_unless_present = "groups")]
         entries: Vec<String>,
     },
-    /// Remove entries' lines from the allowlist file and from running sessions (relays and
-    /// connections already open go on).
+    /// Remove entries' lines from the allowlist file and from running sessions' own entries, and say
+    /// what else still allows them (relays and connections already open go on).
     Deny {
         /// The entries, as written in the file.
         #[arg(value_name = "ENTRY", required = true)]
@@ -206,19 +206,38 @@ fn apply_to_all(podman: &Podman, path: &Path, text: &str) -> anyhow::Result<()> 
         return Ok(());
     }
     let name = path.display().to_string();
-    let targets: Vec<(&Running, Allowlist)> = all
+    let targets: Vec<(&Running, anyhow::Result<Allowlist>)> = all
         .iter()
         .filter(|s| sessions::same_file(&s.meta.allowlist, path))
         .map(|s| {
             let extra = files::read_extra(&s.dir)?;
-            Ok((s, sessions::session_allowlist(text, &name, &extra)?))
+            Ok((s, Ok(sessions::session_allowlist(text, &name, &extra)?)))
         })
         .collect::<anyhow::Result<_>>()?;
-    let outcomes = sessions::apply_all(podman, &targets);
+    apply_targets(podman, &all, targets)
+}
+
+/// Applies each target's policy to its session (a target whose policy could not be had is that
+/// session's failure) and prints every running session's outcome; the others are reported as started
+/// with another allowlist. An error when any target could not take it.
+fn apply_targets(
+    podman: &Podman,
+    all: &[Running],
+    targets: Vec<(&Running, anyhow::Result<Allowlist>)>,
+) -> anyhow::Result<()> {
+    let mut ready: Vec<(&Running, Allowlist)> = Vec::new();
+    let mut unready: Vec<(&Running, anyhow::Error)> = Vec::new();
+    for (s, list) in targets {
+        match list {
+            Ok(list) => ready.push((s, list)),
+            Err(e) => unready.push((s, e)),
+        }
+    }
+    let outcomes = sessions::apply_all(podman, &ready);
     let results: Vec<(&Running, Option<anyhow::Result<sessions::Applied>>)> = all
         .iter()
         .map(|s| {
-            let outcome = targets
+            let applied = ready
                 .iter()
                 .position(|(t, _)| t.meta.id == s.meta.id)
                 .map(|i| {
@@ -227,6 +246,12 @@ fn apply_to_all(podman: &Podman, path: &Path, text: &str) -> anyhow::Result<()> 
                         .map(|a| a.clone())
                         .map_err(|e| anyhow::anyhow!("{e:#}"))
                 });
+            let outcome = applied.or_else(|| {
+                unready
+                    .iter()
+                    .find(|(t, _)| t.meta.id == s.meta.id)
+                    .map(|(_, e)| Err(anyhow::anyhow!("{e:#}")))
+            });
             (s, outcome)
         })
         .collect();
@@ -302,37 +327,212 @@ pub fn allow_session(podman: &Podman, s: &Running, entries: &[String]) -> anyhow
     report_results(&[(s, r)])
 }
 
-/// `deny ENTRY...`: the entries' lines removed from the file (and from the sessions' own entries),
-/// applied to every running session using the file.
+/// A running session as `deny` sees it: its own entries without the denied ones, and the allowlist
+/// text its policy is built on.
+struct DenySession<'a> {
+    /// The session.
+    s: &'a Running,
+    /// Its own entries (`allow --session`) with the denied lines removed.
+    own: edit::Removal,
+    /// `None` when it was started with the file `deny` edits (its new text applies); else the text of
+    /// the other allowlist it was started with, or why that cannot be read.
+    other: Option<anyhow::Result<String>>,
+}
+
+impl DenySession<'_> {
+    /// The session's policy after the deny: its allowlist's text (`file_text` for the file `deny`
+    /// edits) plus its remaining own entries, parsed as a live change parses it.
+    fn allowlist(&self, file_text: &str, file_name: &str) -> anyhow::Result<Allowlist> {
+        match &self.other {
+            None => sessions::session_allowlist(file_text, file_name, &self.own.text),
+            Some(Ok(text)) => sessions::session_allowlist(
+                text,
+                &self.s.meta.allowlist.display().to_string(),
+                &self.own.text,
+            ),
+            Some(Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+        }
+    }
+}
+
+/// `deny ENTRY...`: the lines that are exactly the entries removed from the file and from every running
+/// session's own entries, and applied to the sessions that changed; then each denied entry is checked
+/// again against the file's and every session's resulting policy (the router's own [`Policy`]).
+/// Whatever still allows one (a wildcard, a group, a host:port line, another allowlist a session was
+/// started with) is named with where it is, and the command fails: it never says a name is refused
+/// while a policy in force still allows it. Nothing is written when no line matches anywhere.
 pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow::Result<()> {
     let entries = edit::validate_args(entries)?;
     let path = &settings.allowlist;
     let name = path.display().to_string();
     let text = read_allowlist(path)?;
-    let (new_text, removed) = match edit::remove(&text, &entries) {
-        Ok(done) => done,
-        Err(problems) => {
-            for p in &problems {
-                eprintln!("agent-sandbox: {p}");
-            }
-            bail!("nothing was changed");
+    let file = edit::remove(&text, &entries);
+    let file_list = Allowlist::parse(&file.text, &name)?;
+    let all = sessions::running(podman)?;
+    // Everything is read before anything is written: the sessions' own entries go too, or a denied
+    // name would stay allowed where it was allowed once (`reload` keeps them).
+    let mut denied: Vec<DenySession<'_>> = Vec::new();
+    for s in &all {
+        let own = edit::remove(&files::read_extra(&s.dir)?, &entries);
+        let other = (!sessions::same_file(&s.meta.allowlist, path)).then(|| {
+            read_allowlist(&s.meta.allowlist)
+                .with_context(|| format!("session {} was started with that allowlist", s.meta.id))
+        });
+        denied.push(DenySession { s, own, other });
+    }
+
+    let problems = deny_problems(&entries, &file, &file_list, &name, &denied);
+    let removed_anywhere = file.lines > 0 || denied.iter().any(|d| d.own.lines > 0);
+    if !removed_anywhere {
+        for p in &problems {
+            eprintln!("agent-sandbox: {p}");
         }
+        bail!("nothing was changed");
+    }
+
+    for d in denied.iter().filter(|d| d.own.lines > 0) {
+        files::write_extra(&d.s.dir, &d.own.text)?;
+    }
+    if file.lines > 0 {
+        write_allowlist(path, &file.text)?;
+        println!(
+            "removed {} line{} from {name}",
+            file.lines,
+            if file.lines == 1 { "" } else { "s" }
+        );
+    }
+    for d in denied.iter().filter(|d| d.own.lines > 0) {
+        println!(
+            "removed {} of session {}'s own entr{}",
+            d.own.lines,
+            d.s.meta.id,
+            if d.own.lines == 1 { "y" } else { "ies" }
+        );
+    }
+    let applied = if all.is_empty() {
+        println!("no running sessions; new sessions read {name}");
+        Ok(())
+    } else {
+        // Every session started with the file, and any other whose own entries changed.
+        let targets: Vec<(&Running, anyhow::Result<Allowlist>)> = denied
+            .iter()
+            .filter(|d| d.other.is_none() || d.own.lines > 0)
+            .map(|d| (d.s, d.allowlist(&file.text, &name)))
+            .collect();
+        apply_targets(podman, &all, targets)
     };
-    Allowlist::parse(&new_text, &name)?;
-    // The sessions' own entries go too, or a denied name would stay allowed where it was allowed once.
-    for s in sessions::running(podman)? {
-        let extra = files::read_extra(&s.dir)?;
-        let kept = edit::remove_lenient(&extra, &entries);
-        if kept != extra {
-            files::write_extra(&s.dir, &kept)?;
+    // The names some policy in force still allows, in order, once each.
+    let mut still: Vec<&str> = Vec::new();
+    for p in &problems {
+        if let Some(n) = p.still_allowed() {
+            if !still.contains(&n) {
+                still.push(n);
+            }
         }
     }
-    write_allowlist(path, &new_text)?;
-    println!(
-        "removed {removed} line{} from {name}; new lookups and connections are refused, relays and connections already open go on until they close",
-        if removed == 1 { "" } else { "s" }
-    );
-    apply_to_all(podman, path, &new_text)
+    if applied.is_ok() && still.is_empty() {
+        println!(
+            "new lookups and connections are refused, relays and connections already open go on until they close"
+        );
+    }
+    for p in &problems {
+        eprintln!("agent-sandbox: {p}");
+    }
+    applied?;
+    if !still.is_empty() {
+        bail!(
+            "not refused: {} still allowed (see above)",
+            still
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if !problems.is_empty() {
+        bail!("the other entries' lines were removed");
+    }
+    Ok(())
+}
+
+/// What stands between each denied entry and its refusal, after the lines are removed: the lines of the
+/// file (`file`, parsed as `file_list`) and of each session's policy that still allow it, checked with
+/// the router's [`Policy`] as a whole and then line by line to say which; and the entries that had no
+/// line anywhere and are allowed nowhere.
+fn deny_problems(
+    entries: &[String],
+    file: &edit::Removal,
+    file_list: &Allowlist,
+    name: &str,
+    denied: &[DenySession<'_>],
+) -> Vec<edit::DenyProblem> {
+    use edit::{DenyProblem, Place};
+    let file_policy = Policy::new(file_list);
+    let mut problems = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let before = problems.len();
+        let in_file = edit::allowing(&file.text, e);
+        if !edit::still_allowed(&file_policy, e).is_empty() {
+            problems.extend(in_file.iter().map(|a| DenyProblem::StillAllowed {
+                allowing: a.clone(),
+                place: Place::File(name.to_owned()),
+            }));
+        }
+        for d in denied {
+            let id = &d.s.meta.id;
+            let list = match d.allowlist(&file.text, name) {
+                Ok(list) => list,
+                Err(err) => {
+                    // A session whose policy cannot be had cannot be said to refuse the name.
+                    problems.push(DenyProblem::Unchecked {
+                        name: e.clone(),
+                        id: id.clone(),
+                        error: format!("{err:#}"),
+                    });
+                    continue;
+                }
+            };
+            let names = edit::still_allowed(&Policy::new(&list), e);
+            if names.is_empty() {
+                continue;
+            }
+            let mut explained = d.other.is_none() && !in_file.is_empty();
+            let mut add = |text: &str, place: Place| {
+                for a in edit::allowing(text, e) {
+                    explained = true;
+                    problems.push(DenyProblem::StillAllowed {
+                        allowing: a,
+                        place: place.clone(),
+                    });
+                }
+            };
+            if let Some(Ok(other)) = &d.other {
+                add(
+                    other,
+                    Place::SessionFile {
+                        id: id.clone(),
+                        path: blocked::escape(&d.s.meta.allowlist.display().to_string()),
+                    },
+                );
+            }
+            add(&d.own.text, Place::Session(id.clone()));
+            if !explained {
+                problems.extend(
+                    names
+                        .into_iter()
+                        .map(|n| DenyProblem::StillAllowedUnexplained {
+                            name: n,
+                            id: id.clone(),
+                        }),
+                );
+            }
+        }
+        let found = file.found[i] || denied.iter().any(|d| d.own.found[i]);
+        if problems.len() == before && !found {
+            problems.push(DenyProblem::NotListed(e.clone()));
+        }
+    }
+    problems
 }
 
 /// `reload`: the file re-read and applied; invalid lines are reported and nothing is applied.

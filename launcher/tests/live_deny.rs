@@ -1,0 +1,344 @@
+//! The real `agent-sandbox` binary's `allow --session` and `deny` against a running session that a
+//! stand-in `podman` (a shell script first on PATH) pretends to run: `ps` lists the session's router,
+//! `container inspect` names a log file, `kill --signal 1` appends the router's "reload succeeded" line
+//! to it. Everything else is real: the allowlist file, the session directory under `XDG_RUNTIME_DIR`
+//! (made from the shared crate's plan, as a session start makes it), the files the launcher rewrites
+//! there, and its messages and exit codes. What podman and the router do with the files is the
+//! end-to-end suite's business (`tests/e2e/scenarios/live.rs`); these check that `deny` never says a
+//! name is refused while the policy it wrote still allows it.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use agent_sandbox::live::files::SessionMeta;
+use agent_sandbox::liveness;
+use agent_sandbox::podman::{LABEL_BOOT, LABEL_PID, LABEL_SESSION, LABEL_START};
+use agent_sandbox_shared::{Allowlist, HostName, Policy, RouterConfig, SessionPlan};
+
+const LAUNCHER: &str = env!("CARGO_BIN_EXE_agent-sandbox");
+
+/// The session every test runs.
+const ID: &str = "0123456789ab";
+
+/// The stand-in podman: only the commands a live change runs, anything else fails loudly.
+const PODMAN: &str = r#"#!/bin/sh
+logs="$(dirname "$0")/../logs"
+printf '%s\n' "$*" >> "$logs/calls"
+case "$1" in
+ps) cat "$logs/ps.json" ;;
+container)
+    # container inspect --format ... NAME
+    for last in "$@"; do :; done
+    : >> "$logs/$last.log"
+    printf '%s\n' "$logs/$last.log" ;;
+kill)
+    shift 3
+    for name in "$@"; do
+        case "$name" in
+        *-router) printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F {"fields":{"message":"reload succeeded: 1 -> 1 entries","result":"success"}}' >> "$logs/$name.log" ;;
+        esac
+    done ;;
+logs) ;;
+*) echo "stand-in podman: unexpected: $*" >&2; exit 125 ;;
+esac
+"#;
+
+/// A scratch home, runtime directory, allowlist file and stand-in podman; removed on drop.
+struct Live {
+    /// Everything lives below it.
+    root: PathBuf,
+}
+
+impl Live {
+    /// A scratch set-up whose allowlist file holds `file`, and one running session started with it
+    /// (no own entries).
+    fn new(name: &str, file: &str) -> Live {
+        let root = std::env::temp_dir().join(format!("as-live-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for d in ["home", "bin", "logs", "runtime/agent-sandbox"] {
+            fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for d in ["runtime", "runtime/agent-sandbox"] {
+            fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        fs::write(root.join("bin/podman"), PODMAN).unwrap();
+        fs::set_permissions(root.join("bin/podman"), fs::Permissions::from_mode(0o755)).unwrap();
+        let live = Live { root };
+        fs::write(live.allowlist(), file).unwrap();
+        live.start_session(&live.allowlist(), file);
+        live
+    }
+
+    fn allowlist(&self) -> PathBuf {
+        self.root.join("home/allowed-hosts")
+    }
+
+    fn session_dir(&self) -> PathBuf {
+        self.root
+            .join(format!("runtime/agent-sandbox/agent-sandbox-{ID}"))
+    }
+
+    /// The session directory a session start with `allowlist` (holding `file`) leaves (plan from the file's policy, its meta), and the
+    /// router container `podman ps` lists, labelled as belonging to this live process.
+    fn start_session(&self, allowlist: &Path, file: &str) {
+        let dir = self.session_dir();
+        for d in ["router", "forwarder"] {
+            fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let router_ip = Ipv4Addr::new(10, 89, 0, 2);
+        let policy = Policy::new(&Allowlist::parse(file, "t").unwrap());
+        let plan = SessionPlan::new(&policy, router_ip).unwrap();
+        fs::write(dir.join("router/router.toml"), plan.router.to_toml()).unwrap();
+        fs::write(dir.join("forwarder/relays"), plan.relays_file()).unwrap();
+        fs::write(dir.join("plan-state.json"), plan.state.to_json()).unwrap();
+        let meta = SessionMeta {
+            id: ID.into(),
+            project: self.root.join("home/project"),
+            started: 1_796_035_844,
+            allowlist: allowlist.to_owned(),
+            router_ip,
+        };
+        fs::write(
+            dir.join("session.json"),
+            serde_json::to_string(&meta).unwrap(),
+        )
+        .unwrap();
+        let pid = std::process::id();
+        let ps = serde_json::json!([{
+            "Names": [format!("agent-sandbox-{ID}-router")],
+            "Labels": {
+                LABEL_SESSION: ID,
+                LABEL_PID: pid.to_string(),
+                LABEL_START: liveness::start_time(pid).unwrap().to_string(),
+                LABEL_BOOT: liveness::boot_id().unwrap(),
+            },
+        }]);
+        fs::write(self.root.join("logs/ps.json"), ps.to_string()).unwrap();
+    }
+
+    /// `agent-sandbox ARGS` with the stand-in podman first on PATH.
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(LAUNCHER)
+            .args(args)
+            .current_dir(&self.root)
+            .env_clear()
+            .env("HOME", self.root.join("home"))
+            .env("XDG_RUNTIME_DIR", self.root.join("runtime"))
+            .env("AGENT_SANDBOX_ALLOWLIST", self.allowlist())
+            .env(
+                "PATH",
+                format!("{}:/usr/bin:/bin", self.root.join("bin").display()),
+            )
+            .output()
+            .unwrap()
+    }
+
+    fn file(&self) -> String {
+        fs::read_to_string(self.allowlist()).unwrap()
+    }
+
+    fn own_entries(&self) -> String {
+        fs::read_to_string(self.session_dir().join("session-allowlist")).unwrap_or_default()
+    }
+
+    /// Whether the router configuration last written for the session allows `name`, by the policy
+    /// the router's own validation compiles from it.
+    fn session_allows(&self, name: &str) -> bool {
+        let text = fs::read_to_string(self.session_dir().join("router/router.toml")).unwrap();
+        RouterConfig::from_toml(&text)
+            .unwrap()
+            .validate()
+            .unwrap()
+            .rules
+            .policy
+            .allows(&HostName::parse(name).unwrap())
+    }
+
+    /// How many SIGHUPs the stand-in podman was asked to send.
+    fn reloads(&self) -> usize {
+        fs::read_to_string(self.root.join("logs/calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("kill --signal 1 "))
+            .count()
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}stderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn allow_session(live: &Live, entry: &str) {
+    let o = live.run(&["allow", "--session", ID, entry]);
+    assert!(o.status.success(), "allow --session: {}", text(&o));
+    assert!(live.own_entries().contains(entry), "{}", live.own_entries());
+    assert!(live.session_allows(entry.trim_start_matches('.')));
+}
+
+/// (a) A name allowed with `allow --session` only: `deny` takes it out of the session's own entries
+/// and applies that, instead of giving up because the file has no such line.
+#[test]
+fn deny_takes_back_an_allow_session() {
+    let live = Live::new("a", "api.anthropic.com\n");
+    allow_session(&live, "evil.example");
+    let reloads = live.reloads();
+    let o = live.run(&["deny", "evil.example"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains(&format!("removed 1 of session {ID}'s own entry")),
+        "{out}"
+    );
+    assert!(
+        out.contains("new lookups and connections are refused"),
+        "{out}"
+    );
+    assert!(out.contains("applied in"), "{out}");
+    assert!(!live.own_entries().contains("evil.example"));
+    assert!(!live.session_allows("evil.example"), "{out}");
+    assert!(live.session_allows("api.anthropic.com"));
+    assert_eq!(live.reloads(), reloads + 1);
+    assert_eq!(live.file(), "api.anthropic.com\n");
+}
+
+/// (b) A name with a line of its own and a wildcard over it in the file: the line goes, and `deny`
+/// says the wildcard still allows the name instead of claiming it is refused.
+#[test]
+fn deny_says_a_wildcard_in_the_file_still_allows_the_name() {
+    let live = Live::new("b", "api.anthropic.com\nx.example.com\n.example.com\n");
+    let o = live.run(&["deny", "x.example.com"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(out.contains("removed 1 line from"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`x.example.com` is still allowed by `.example.com` ({} line 2)",
+            live.allowlist().display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("not refused: `x.example.com` still allowed"),
+        "{out}"
+    );
+    assert_eq!(live.file(), "api.anthropic.com\n.example.com\n");
+    // The removal was applied; the wildcard is left for the user to decide on.
+    assert!(out.contains("applied in"), "{out}");
+    assert!(live.session_allows("x.example.com"));
+}
+
+/// (c) As (b), with the wildcard among the session's own entries: named with the session.
+#[test]
+fn deny_says_a_session_wildcard_still_allows_the_name() {
+    let live = Live::new("c", "api.anthropic.com\nx.example.com\n");
+    allow_session(&live, ".example.com");
+    let o = live.run(&["deny", "x.example.com"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`x.example.com` is still allowed in session {ID} by its own entry `.example.com`"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("`agent-sandbox deny .example.com` removes it"),
+        "{out}"
+    );
+    assert_eq!(live.file(), "api.anthropic.com\n");
+    assert!(live.own_entries().contains(".example.com"));
+    assert!(live.session_allows("x.example.com"));
+    // Following the advice takes it away.
+    let o = live.run(&["deny", ".example.com"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!live.session_allows("x.example.com"));
+}
+
+/// (d) A name allowed on 80 and 443 only through its host:port line: `deny NAME` names that line
+/// instead of saying the name is not on the allowlist, and changes nothing.
+#[test]
+fn deny_says_a_host_port_line_allows_its_host() {
+    let file = "api.anthropic.com\ndb.com:5432\n";
+    let live = Live::new("d", file);
+    let o = live.run(&["deny", "db.com"]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(!out.contains("not on the allowlist"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`db.com` is still allowed by `db.com:5432` ({} line 2, which allows `db.com` on ports 80 and 443 too)",
+            live.allowlist().display()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("nothing was changed"), "{out}");
+    assert_eq!(live.file(), file);
+    assert_eq!(live.reloads(), 0);
+    assert!(live.session_allows("db.com"));
+}
+
+/// Exact lines in the file and in the session's own entries both go, and then it is refused.
+#[test]
+fn deny_removes_the_name_from_the_file_and_the_session() {
+    let live = Live::new("both", "api.anthropic.com\n# mine\nboth.example\n");
+    allow_session(&live, "both.example");
+    let o = live.run(&["deny", "both.example"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("removed 1 line from"), "{out}");
+    assert!(
+        out.contains("new lookups and connections are refused"),
+        "{out}"
+    );
+    assert_eq!(live.file(), "api.anthropic.com\n# mine\n");
+    assert!(!live.own_entries().contains("both.example"));
+    assert!(!live.session_allows("both.example"));
+    // Denied again: nowhere any more.
+    let o = live.run(&["deny", "both.example"]);
+    assert!(
+        !o.status.success() && text(&o).contains("`both.example` is not on the allowlist"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A session started with another allowlist that allows the name: named with that file and line.
+#[test]
+fn deny_names_the_other_allowlist_a_session_was_started_with() {
+    let live = Live::new("other", "api.anthropic.com\nx.example.com\n");
+    let other = live.root.join("home/other-hosts");
+    fs::write(&other, "api.anthropic.com\n.example.com\n").unwrap();
+    live.start_session(&other, "api.anthropic.com\n.example.com\n");
+    let o = live.run(&["deny", "x.example.com"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`x.example.com` is still allowed in session {ID} by `.example.com` ({} line 2, the allowlist that session was started with)",
+            other.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("not changed: it was started with another allowlist"),
+        "{out}"
+    );
+    assert_eq!(live.file(), "api.anthropic.com\n");
+}
