@@ -166,12 +166,17 @@ fn refuse_inside_a_live_session(
     refuse_inside(project, &live)
 }
 
-/// [`refuse_inside_a_live_session`] against the running sessions' projects `live`.
+/// [`refuse_inside_a_live_session`] against the running sessions' projects `live`. Compared as text
+/// with invalid UTF-8 replaced, as podman's JSON gives the labels back (it replaces each invalid
+/// sequence with U+FFFD): a project below another session's that is not valid UTF-8 is still seen
+/// inside it (and a sibling whose name differs only in such bytes is refused too).
 fn refuse_inside(project: &Path, live: &[PathBuf]) -> anyhow::Result<()> {
-    if let Some(outer) = live
-        .iter()
-        .find(|o| project != *o && project.starts_with(o))
-    {
+    let lossy = |p: &Path| PathBuf::from(p.to_string_lossy().into_owned());
+    let project_text = lossy(project);
+    if let Some(outer) = live.iter().find(|o| {
+        let o = lossy(o);
+        project_text != o && project_text.starts_with(&o)
+    }) {
         bail!(
             "refusing to run in {}: it is inside {}, the project directory of a running \
              agent-sandbox session. That session's sandbox can rename the directories on the way \
@@ -430,6 +435,14 @@ mod tests {
             assert!(refuse_inside(Path::new(fine), &live).is_ok(), "{fine}");
         }
         assert!(refuse_inside(Path::new("/home/me/src/proj"), &[]).is_ok());
+        // A project whose path is not valid UTF-8 comes back from podman's JSON with U+FFFD in its
+        // label: what is inside it is still refused.
+        use std::os::unix::ffi::OsStrExt as _;
+        let outer = std::ffi::OsStr::from_bytes(b"/home/me/src/caf\xe9");
+        let label = PathBuf::from(outer.to_string_lossy().into_owned());
+        let inside = Path::new(outer).join("sub");
+        assert!(refuse_inside(&inside, &[label.clone()]).is_err());
+        assert!(refuse_inside(Path::new(outer), &[label]).is_ok());
         // A listing podman could not give, or that cannot be read: refused, saying why.
         let err =
             refuse_inside_a_live_session(Path::new("/home/me/p"), &Err(PodmanError::NotInstalled))
