@@ -121,22 +121,20 @@ impl PeekBudget {
 }
 
 /// One connection's share of the [`PeekBudget`]; what it holds is given back when it is dropped.
+/// Borrowed, not an `Arc`: a clone per connection would bounce the count's cache line between workers.
 #[derive(Debug)]
-pub struct PeekCharge {
+pub struct PeekCharge<'a> {
     /// The budget drawn on.
-    budget: Arc<PeekBudget>,
+    budget: &'a PeekBudget,
     /// Bytes charged to this connection.
     charged: usize,
 }
 
-impl PeekCharge {
+impl PeekCharge<'_> {
     /// A connection's charge, holding nothing yet.
     #[must_use]
-    pub fn new(budget: &Arc<PeekBudget>) -> PeekCharge {
-        PeekCharge {
-            budget: Arc::clone(budget),
-            charged: 0,
-        }
+    pub fn new(budget: &PeekBudget) -> PeekCharge<'_> {
+        PeekCharge { budget, charged: 0 }
     }
 
     /// The connection's peek buffers now hold `bytes` (their capacity): charges what is above
@@ -168,7 +166,7 @@ impl PeekCharge {
     }
 }
 
-impl Drop for PeekCharge {
+impl Drop for PeekCharge<'_> {
     fn drop(&mut self) {
         if self.charged > 0 {
             self.budget.used.fetch_sub(self.charged, Ordering::Relaxed);
@@ -314,7 +312,7 @@ mod tests {
 
     #[test]
     fn peek_charges_are_bounded_and_given_back() {
-        let budget = Arc::new(PeekBudget::new(100 * 1024));
+        let budget = PeekBudget::new(100 * 1024);
         let mut a = PeekCharge::new(&budget);
         let mut b = PeekCharge::new(&budget);
         // The usual hello or head costs nothing.

@@ -83,7 +83,7 @@ struct HttpConn<'a> {
     peek_timeout: Duration,
     /// The request buffer's charge to the router-wide budget for large heads, updated as heads are read
     /// (locked only between awaits).
-    peek: Mutex<PeekCharge>,
+    peek: Mutex<PeekCharge<'a>>,
     /// This connection's log.
     log: ConnLog,
 }
@@ -249,11 +249,11 @@ enum HeadRead {
 
 /// An allowed HTTP connection with its upstream.
 #[derive(Debug)]
-struct HttpRelay<'a> {
+struct HttpRelay<'r, 'a> {
     /// The client side.
-    conn: &'a HttpConn<'a>,
+    conn: &'r HttpConn<'a>,
     /// The upstream, dialled for `name`.
-    upstream: &'a TcpStream,
+    upstream: &'r TcpStream,
     /// The name decided on the first request; every later request must name it too.
     name: HostName,
 }
@@ -284,7 +284,7 @@ enum Halves {
     RequestsOnly,
 }
 
-impl HttpRelay<'_> {
+impl HttpRelay<'_, '_> {
     /// Relays request by request from the client (each checked), raw from the upstream, until both
     /// halves are done.
     async fn run(&self, buf: Vec<u8>, head: RequestHead) {

@@ -129,7 +129,7 @@ impl Proxy {
         first_sni: Vec<u8>,
         after: Vec<u8>,
         log: &ConnLog,
-        charge: &mut PeekCharge,
+        charge: &mut PeekCharge<'_>,
     ) -> bool {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut watch = ServerHelloWatch::new();
@@ -233,7 +233,7 @@ impl Proxy {
         &self,
         client: &TcpStream,
         log: &ConnLog,
-        charge: &mut PeekCharge,
+        charge: &mut PeekCharge<'_>,
     ) -> Option<Hello> {
         let deadline = tokio::time::Instant::now() + self.peek_timeout;
         let mut reader = HelloReader::new();
