@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::live::blocked::escape;
+
 /// How a check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -112,14 +114,18 @@ impl Report {
         self.checks.iter().all(|c| c.status != Status::Fail)
     }
 
-    /// One check as a line of the text table (and its fix on the next line).
+    /// One check as a line of the text table (and its fix on the next line). The name and the detail
+    /// are escaped for the terminal ([`escape`]): the containment checks' names and details are what
+    /// the probe printed inside the sandbox, which the agent may have run before, and the
+    /// prerequisites' details quote podman; no escape sequence of theirs may reach the user's screen.
+    /// The fix is always the launcher's own words.
     #[must_use]
     pub fn line(check: &Check) -> String {
         let mut out = format!(
             "  {} {:<22} {}\n",
             check.status.mark(),
-            check.name,
-            check.detail
+            escape(&check.name),
+            escape(&check.detail)
         );
         if let Some(fix) = &check.fix {
             let _ = writeln!(out, "      → {fix}");
@@ -188,5 +194,27 @@ mod tests {
         assert_eq!(json["checks"][0]["section"], "prerequisites");
         assert!(json["checks"][0].get("fix").is_none());
         assert_eq!(json["checks"][3]["fix"], "x");
+    }
+
+    #[test]
+    fn what_the_probe_printed_reaches_the_terminal_escaped() {
+        // A probe line as a compromised sandbox could print it: clear screen, set the window title,
+        // a bidirectional override and a C1 CSI, in the name and in both parts of the detail.
+        let stdout = "{\"name\":\"x\\u001b[2J\",\"ok\":false,\"tried\":\"\\u001b]0;owned\\u0007\",\"got\":\"\\u202etxt.exe \\u009b31m\\r\"}";
+        let checks = crate::doctor::selftest::parse_output(stdout, &[], &[]);
+        assert_eq!(checks.len(), 1);
+        assert!(checks[0].name.contains('\u{1b}'), "{checks:?}");
+        let line = Report::line(&checks[0]);
+        let (table, fix) = line.split_once("\n      → ").unwrap();
+        assert_eq!(
+            table,
+            "  ✗ x\\x1b[2J               \\x1b]0;owned\\x07: \\u{202e}txt.exe \\u{9b}31m\\x0d"
+        );
+        assert!(fix.trim_end().chars().all(|c| c == '→' || !c.is_control()));
+        // JSON keeps the text as it was, its control characters escaped by serde.
+        let json = Report { checks }.to_json();
+        assert!(!json.contains('\u{1b}') && !json.contains('\u{7}'), "{json}");
+        let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(back["checks"][0]["name"], "x\u{1b}[2J");
     }
 }
