@@ -342,47 +342,79 @@ fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
     Ok(text)
 }
 
-/// Counts what reaches listeners on this host from the sandbox (which must be nothing).
+/// Counts what reaches listeners on this host from the sandbox (which must be nothing). The probe
+/// sends a datagram to each of this host's addresses and cannot tell whether it arrived: these
+/// listeners are the verdict, so there is one for each address family the probe aims at.
 struct HostListeners {
+    /// The TCP listener's port (the probe itself sees a TCP connection get through, or be refused).
     tcp_port: u16,
-    udp_port: u16,
+    /// The port of the UDP socket that receives what is sent to this host's IPv4 addresses.
+    udp_v4_port: u16,
+    /// The port of the UDP socket that receives what is sent to its IPv6 addresses (None: this host
+    /// cannot open an IPv6 socket, so no datagram to an IPv6 address could be counted).
+    udp_v6_port: Option<u16>,
+    /// Connections and datagrams received.
     hits: Arc<AtomicUsize>,
+    /// Tells the thread to stop.
     stop: Arc<AtomicBool>,
+    /// Accepts and receives until told to stop.
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl HostListeners {
     fn start() -> anyhow::Result<HostListeners> {
         let tcp = TcpListener::bind("0.0.0.0:0").context("cannot bind a TCP listener")?;
-        let udp = UdpSocket::bind("0.0.0.0:0").context("cannot bind a UDP socket")?;
+        // Two sockets, each on a port of its own, rather than one dual-stack socket: whether `[::]`
+        // also receives IPv4 depends on net.ipv6.bindv6only, and a v6-only socket would miss what is
+        // sent to the IPv4 addresses.
+        let udp_v4 = UdpSocket::bind("0.0.0.0:0").context("cannot bind an IPv4 UDP socket")?;
+        let udp_v6 = UdpSocket::bind("[::]:0").ok();
         let tcp_port = tcp.local_addr()?.port();
-        let udp_port = udp.local_addr()?.port();
+        let udp_v4_port = udp_v4.local_addr()?.port();
+        let udp_v6_port = match &udp_v6 {
+            Some(s) => Some(s.local_addr()?.port()),
+            None => None,
+        };
         tcp.set_nonblocking(true)?;
-        udp.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let udp: Vec<UdpSocket> = std::iter::once(udp_v4).chain(udp_v6).collect();
+        for s in &udp {
+            s.set_read_timeout(Some(Duration::from_millis(25)))?;
+        }
         let hits = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (hits, stop) = (Arc::clone(&hits), Arc::clone(&stop));
             std::thread::spawn(move || {
                 let mut buf = [0u8; 512];
-                // The UDP read's timeout paces the loop; the TCP accept is non-blocking.
+                // The UDP reads' timeouts pace the loop; the TCP accept is non-blocking.
                 while !stop.load(Ordering::SeqCst) {
                     if tcp.accept().is_ok() {
                         hits.fetch_add(1, Ordering::SeqCst);
                     }
-                    if udp.recv_from(&mut buf).is_ok() {
-                        hits.fetch_add(1, Ordering::SeqCst);
+                    for s in &udp {
+                        if s.recv_from(&mut buf).is_ok() {
+                            hits.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                 }
             })
         };
         Ok(HostListeners {
             tcp_port,
-            udp_port,
+            udp_v4_port,
+            udp_v6_port,
             hits,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// The UDP ports, for the report.
+    fn describe_udp(&self) -> String {
+        match self.udp_v6_port {
+            Some(v6) => format!("UDP {} and {v6} (IPv6)", self.udp_v4_port),
+            None => format!("UDP {}", self.udp_v4_port),
+        }
     }
 
     fn finish(mut self) -> usize {
@@ -391,6 +423,26 @@ impl HostListeners {
             let _ = t.join();
         }
         self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// Where datagrams to this host's addresses are counted: the UDP port for each address family.
+#[derive(Clone, Copy, Debug)]
+struct UdpPorts {
+    /// For IPv4 addresses.
+    v4: u16,
+    /// For IPv6 addresses (None: no IPv6 socket could be opened).
+    v6: Option<u16>,
+}
+
+impl UdpPorts {
+    /// The port that counts datagrams sent to `address`, if any does.
+    fn for_address(self, address: IpAddr) -> Option<u16> {
+        match address {
+            IpAddr::V4(_) => Some(self.v4),
+            IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => Some(self.v4),
+            IpAddr::V6(_) => self.v6,
+        }
     }
 }
 
@@ -464,7 +516,12 @@ fn run_inner(
     let host_resolv = fs::read_to_string(&options.host_resolv_conf).unwrap_or_default();
     let mut extra = Vec::new();
     progress("starting a session as `agent-sandbox` would");
-    let (tcp_port, udp_port) = (listeners.tcp_port, listeners.udp_port);
+    let tcp_port = listeners.tcp_port;
+    let udp_ports = UdpPorts {
+        v4: listeners.udp_v4_port,
+        v6: listeners.udp_v6_port,
+    };
+    let udp_described = listeners.describe_udp();
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
     let mut nested_expected = Vec::new();
     let output = session::run_probe(
@@ -489,7 +546,8 @@ fn run_inner(
             let aim = Aim {
                 name,
                 exact: if options.reach { exact } else { Vec::new() },
-                ports: (tcp_port, udp_port),
+                tcp_port,
+                udp_ports,
                 host_resolvers: resolvers(&host_resolv),
                 nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
             };
@@ -532,7 +590,7 @@ fn run_inner(
         Check::pass(
             Section::Containment,
             "host-listeners",
-            format!("listeners on this host (TCP {tcp_port}, UDP {udp_port}) received nothing from the sandbox"),
+            format!("listeners on this host (TCP {tcp_port}, {udp_described}) received nothing from the sandbox"),
         )
     } else {
         Check::bad(
@@ -552,8 +610,10 @@ struct Aim {
     name: String,
     /// The exact allowlisted names to reach (`--reach`), or none.
     exact: Vec<String>,
-    /// The ports of this host's TCP and UDP listeners.
-    ports: (u16, u16),
+    /// The port of this host's TCP listener.
+    tcp_port: u16,
+    /// The ports of this host's UDP listeners.
+    udp_ports: UdpPorts,
     /// The host's DNS servers.
     host_resolvers: Vec<IpAddr>,
     /// The name the nested probe's tarball is imported as.
@@ -568,7 +628,7 @@ fn spec(
     lookup: Option<Lookup>,
     extra: &mut Vec<Check>,
 ) -> ProbeSpec {
-    let (tcp_port, udp_port) = aim.ports;
+    let tcp_port = aim.tcp_port;
     let expect = t
         .loopbacks
         .iter()
@@ -585,7 +645,14 @@ fn spec(
     };
     for a in host_addresses() {
         spec.tcp.push(("host".into(), a.to_string(), tcp_port));
-        spec.udp.push(("host".into(), a.to_string(), udp_port));
+        match aim.udp_ports.for_address(a) {
+            Some(port) => spec.udp.push(("host".into(), a.to_string(), port)),
+            None => extra.push(Check::skip(
+                Section::Containment,
+                &format!("udp-host-{a}"),
+                "no IPv6 UDP socket could be opened on this host, so a datagram to this address could not be counted and is not sent",
+            )),
+        }
         spec.dns.push(("host".into(), a.to_string(), 53));
     }
     for a in aim.host_resolvers {
@@ -862,6 +929,40 @@ noise from python
         assert!(only_loopback.unwrap_err().contains("but loopback"));
         assert!(missing.unwrap_err().contains("none"));
         assert!(absent.unwrap_err().contains("other.test"));
+    }
+
+    #[test]
+    fn the_host_listeners_count_datagrams_to_ipv4_and_ipv6_addresses() {
+        let listeners = HostListeners::start().unwrap();
+        let ports = UdpPorts {
+            v4: listeners.udp_v4_port,
+            v6: listeners.udp_v6_port,
+        };
+        let v4: IpAddr = "127.0.0.1".parse().unwrap();
+        let v6: IpAddr = "::1".parse().unwrap();
+        let v6_port = ports
+            .for_address(v6)
+            .expect("this host has IPv6 loopback: an IPv6 listener");
+        assert_ne!(Some(v6_port), Some(ports.v4));
+        assert_eq!(
+            ports.for_address("::ffff:127.0.0.1".parse().unwrap()),
+            Some(ports.v4)
+        );
+        // As the probe sends them: from a socket of the destination's family, to the port it was told.
+        for (to, port) in [(v4, ports.v4), (v6, v6_port)] {
+            let from = if to.is_ipv4() { "127.0.0.1:0" } else { "[::1]:0" };
+            UdpSocket::bind(from)
+                .unwrap()
+                .send_to(b"agent-sandbox doctor", (to, port))
+                .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while listeners.hits.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(listeners.finish(), 2, "one datagram to 127.0.0.1, one to ::1");
+        let nothing = HostListeners::start().unwrap();
+        assert_eq!(nothing.finish(), 0);
     }
 
     #[test]
