@@ -213,7 +213,10 @@ mod tests {
         assert!(fix.trim_end().chars().all(|c| c == '→' || !c.is_control()));
         // JSON keeps the text as it was, its control characters escaped by serde.
         let json = Report { checks }.to_json();
-        assert!(!json.contains('\u{1b}') && !json.contains('\u{7}'), "{json}");
+        assert!(
+            !json.contains('\u{1b}') && !json.contains('\u{7}'),
+            "{json}"
+        );
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(back["checks"][0]["name"], "x\u{1b}[2J");
     }
