@@ -1,5 +1,6 @@
 # The containment probe of `agent-sandbox doctor`: run inside the sandbox image as the agent's user
-# (`python3 -c PROBE SPEC_JSON`). It only ever sends to the addresses the launcher put in SPEC: this
+# (`python3 -I -S -c PROBE SPEC_JSON`, so nothing from the home or the environment runs before it: it
+# uses the standard library only, and its session's home volume is a new one of its own). It only ever sends to the addresses the launcher put in SPEC: this
 # host's own addresses, its resolvers, the router's egress side, and the loopback addresses the
 # router's DNS hands out. One JSON line per check: {"name", "ok", "tried", "got"}. Where nested podman
 # can run, SPEC["nested"] says how to run the static nested probe in a nested container; its lines are
@@ -334,7 +335,8 @@ def check_nested():
         try:
             r = podman("run", "--rm", "--network", "host", image, *nested["command"], "--netns", netns)
         finally:
-            # The home volume (where nested images live) outlasts the session: leave nothing in it.
+            # The doctor removes the session's home volume (a throw-away one) and everything in it;
+            # removing the image anyway keeps a home this probe is ever run in free of it.
             podman("rmi", "--force", image)
     except Exception as e:  # noqa: BLE001 - every failure is the answer
         emit("nested-podman", False, tried, describe(e))

@@ -34,8 +34,14 @@ use crate::session::{self, ProbeTarget};
 use crate::settings::{Settings, EGRESS_NETWORK};
 use crate::signals::SignalWatch;
 
-/// The probe's source, run with `python3 -c`.
+/// The probe's source, run with [`PYTHON`] `-c`.
 pub const PROBE: &str = include_str!("probe.py");
+
+/// How the probe's python3 starts: isolated (`-I`: no `PYTHON*` variables, no user site directory,
+/// nothing from the working directory on the path) and without the `site` module (`-S`: no `.pth`
+/// file and no `sitecustomize` or `usercustomize` runs). The probe uses the standard library only, and
+/// nothing that the sandbox could have written earlier may run before it and answer in its place.
+pub const PYTHON: &[&str] = &["python3", "-I", "-S"];
 
 /// Where the sandbox image keeps the nested probe's root filesystem (containers/sandbox/Containerfile).
 pub const NESTED_PROBE_IN_IMAGE: &str = "/usr/lib/agent-sandbox/nested-probe.tar";
@@ -90,12 +96,15 @@ impl ProbeSpec {
     /// The command that runs the probe with this spec.
     #[must_use]
     pub fn command(&self) -> Vec<OsString> {
-        vec![
-            "python3".into(),
-            "-c".into(),
-            PROBE.into(),
-            serde_json::to_string(self).unwrap_or_default().into(),
-        ]
+        PYTHON
+            .iter()
+            .map(OsString::from)
+            .chain([
+                "-c".into(),
+                PROBE.into(),
+                serde_json::to_string(self).unwrap_or_default().into(),
+            ])
+            .collect()
     }
 }
 
@@ -950,7 +959,11 @@ noise from python
         );
         // As the probe sends them: from a socket of the destination's family, to the port it was told.
         for (to, port) in [(v4, ports.v4), (v6, v6_port)] {
-            let from = if to.is_ipv4() { "127.0.0.1:0" } else { "[::1]:0" };
+            let from = if to.is_ipv4() {
+                "127.0.0.1:0"
+            } else {
+                "[::1]:0"
+            };
             UdpSocket::bind(from)
                 .unwrap()
                 .send_to(b"agent-sandbox doctor", (to, port))
@@ -960,7 +973,11 @@ noise from python
         while listeners.hits.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(listeners.finish(), 2, "one datagram to 127.0.0.1, one to ::1");
+        assert_eq!(
+            listeners.finish(),
+            2,
+            "one datagram to 127.0.0.1, one to ::1"
+        );
         let nothing = HostListeners::start().unwrap();
         assert_eq!(nothing.finish(), 0);
     }
@@ -971,10 +988,69 @@ noise from python
     }
 
     #[test]
+    fn nothing_in_the_home_or_the_environment_runs_before_the_probe() {
+        // What an earlier agent could leave in the home volume (or a PYTHON* variable point at): each
+        // prints a line that claims a check passed. The probe's own python3 command line, with a
+        // stand-in for the probe's source, must print only what the stand-in prints.
+        let dir = std::env::temp_dir().join(format!("as-doctor-site-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let claim = |who: &str| {
+            format!(
+                "print('{{\"name\":\"planted-{who}\",\"ok\":true,\"tried\":\"\",\"got\":\"\"}}')\n"
+            )
+        };
+        let version = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')",
+            ])
+            .output()
+            .unwrap();
+        let version = String::from_utf8(version.stdout).unwrap();
+        let user_site = dir.join(format!(
+            "home/.local/lib/python{}/site-packages",
+            version.trim()
+        ));
+        let path_dir = dir.join("pythonpath");
+        for d in [&user_site, &path_dir] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(user_site.join("usercustomize.py"), claim("usercustomize")).unwrap();
+        fs::write(
+            user_site.join("planted.pth"),
+            format!("import sys; exec({:?})\n", claim("pth")),
+        )
+        .unwrap();
+        fs::write(path_dir.join("sitecustomize.py"), claim("sitecustomize")).unwrap();
+        fs::write(path_dir.join("json.py"), claim("json-shadow")).unwrap();
+        let startup = dir.join("startup.py");
+        fs::write(&startup, claim("startup")).unwrap();
+
+        let mut cmd = ProbeSpec::default().command();
+        let at = cmd.iter().position(|a| a == "-c").unwrap() + 1;
+        cmd[at] = "import json; print('probe ran')".into();
+        let out = std::process::Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .env("HOME", dir.join("home"))
+            .env("PYTHONPATH", &path_dir)
+            .env("PYTHONSTARTUP", &startup)
+            .env("PYTHONUSERBASE", dir.join("home/.local"))
+            .current_dir(&path_dir)
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "probe ran\n");
+    }
+
+    #[test]
     fn the_probe_is_valid_python_and_the_spec_its_argument() {
         let cmd = ProbeSpec::default().command();
         assert_eq!(cmd[0], "python3");
-        let arg: serde_json::Value = serde_json::from_str(cmd[3].to_str().unwrap()).unwrap();
+        assert_eq!(cmd[cmd.len() - 3], "-c");
+        assert_eq!(cmd[cmd.len() - 2], PROBE);
+        let arg: serde_json::Value =
+            serde_json::from_str(cmd[cmd.len() - 1].to_str().unwrap()).unwrap();
         for key in [
             "name", "expect", "unlisted", "tcp", "udp", "dns", "project", "home", "nested", "reach",
         ] {

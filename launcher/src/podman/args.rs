@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use super::{
     ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxSpec, SessionLabels, UserMapping,
-    FORWARDER_LOG_MAX, FORWARDER_PATH, FORWARDER_RELAYS_DIR, FORWARDER_RELAYS_PATH, LABEL_SESSION,
-    LABEL_SHARED, LABEL_VERSION, NO_HOST_ENV, NO_IPV6, ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH,
-    ROUTER_GID, ROUTER_INJECT_DIR, ROUTER_LOG_MAX, ROUTER_OAUTH_DIR, ROUTER_UID,
-    SANDBOX_SESSION_CA, STOP_TIMEOUT_SECS, SYSTEM_CA_BUNDLE,
+    FORWARDER_LOG_MAX, FORWARDER_PATH, FORWARDER_RELAYS_DIR, FORWARDER_RELAYS_PATH,
+    LABEL_DOCTOR_HOME, LABEL_SESSION, LABEL_SHARED, LABEL_VERSION, NO_HOST_ENV, NO_IPV6,
+    ROUTER_CONFIG_DIR, ROUTER_CONFIG_PATH, ROUTER_GID, ROUTER_INJECT_DIR, ROUTER_LOG_MAX,
+    ROUTER_OAUTH_DIR, ROUTER_UID, SANDBOX_SESSION_CA, STOP_TIMEOUT_SECS, SYSTEM_CA_BUNDLE,
 };
 
 /// An argument vector under construction. `opt` keeps a flag and its value together, so each line of
@@ -167,6 +167,32 @@ pub fn volume_create(name: &str) -> Vec<OsString> {
         .opt("--label", format!("{LABEL_SHARED}=home"))
         .arg(name)
         .done()
+}
+
+/// The doctor's throw-away home volume: new and empty for one self-test, labelled with the launcher
+/// that made it, so that a later doctor removes it should that launcher be killed before its cleanup.
+#[must_use]
+pub fn volume_create_doctor_home(name: &str, labels: &SessionLabels) -> Vec<OsString> {
+    Argv::new(&["volume", "create"])
+        .labels(labels)
+        .opt("--label", format!("{LABEL_DOCTOR_HOME}=1"))
+        .arg(name)
+        .done()
+}
+
+/// The doctor's throw-away home volumes, as JSON.
+#[must_use]
+pub fn volume_ls_doctor_homes() -> Vec<OsString> {
+    Argv::new(&["volume", "ls"])
+        .opt("--filter", format!("label={LABEL_DOCTOR_HOME}"))
+        .opt("--format", "json")
+        .done()
+}
+
+/// Removes a volume, and any container still using it.
+#[must_use]
+pub fn volume_rm(name: &str) -> Vec<OsString> {
+    Argv::new(&["volume", "rm", "--force", name]).done()
 }
 
 /// The volume's directory on the host, to check who owns it.

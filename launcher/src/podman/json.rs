@@ -346,6 +346,24 @@ impl Pod {
     }
 }
 
+/// One volume of `podman volume ls --format json`.
+#[derive(Debug, Default, Deserialize)]
+pub struct Volume {
+    /// Volume name.
+    #[serde(rename = "Name", default)]
+    pub name: String,
+    /// Its labels.
+    #[serde(rename = "Labels", default, deserialize_with = "null_as_default")]
+    pub labels: HashMap<String, String>,
+}
+
+impl Volume {
+    /// Parses `podman volume ls --format json`.
+    pub fn parse_list(json: &str) -> Result<Vec<Volume>, JsonError> {
+        parse::<Option<Vec<Volume>>>("volume ls --format json", json).map(Option::unwrap_or_default)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;

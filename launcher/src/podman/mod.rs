@@ -36,6 +36,9 @@ pub const LABEL_BOOT: &str = "agent-sandbox.boot-id";
 pub const LABEL_PROJECT: &str = "agent-sandbox.project";
 /// Label on the shared objects a session creates but does not remove (egress network, home volume).
 pub const LABEL_SHARED: &str = "agent-sandbox.shared";
+/// Label on the doctor's throw-away home volumes (beside the launcher's [`SessionLabels`]): how a later
+/// doctor finds the ones a killed doctor left.
+pub const LABEL_DOCTOR_HOME: &str = "agent-sandbox.doctor-home";
 
 /// Where the session directory's `router/` is mounted inside the router container.
 pub const ROUTER_CONFIG_DIR: &str = "/etc/agent-sandbox";

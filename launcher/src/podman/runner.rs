@@ -61,6 +61,14 @@ impl Default for Podman {
 }
 
 impl Podman {
+    /// Runs `program` instead of podman: a stand-in, for tests of what drives podman.
+    #[cfg(test)]
+    pub(crate) fn stand_in(program: impl Into<OsString>) -> Podman {
+        Podman {
+            program: program.into(),
+        }
+    }
+
     fn command(&self, args: &[OsString]) -> Command {
         let mut c = Command::new(&self.program);
         c.args(args);

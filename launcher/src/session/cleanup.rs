@@ -22,6 +22,10 @@ pub(super) struct Cleanup {
     pub(super) network: Option<String>,
     /// The session directory, removed before the network.
     pub(super) dir: Option<PathBuf>,
+    /// The doctor's throw-away home volume (`doctor_home.rs`), removed once the pod is gone.
+    pub(super) volume: Option<String>,
+    /// The API key placeholder a session keeps for [`Cleanup::volume`], removed with it.
+    pub(super) placeholder: Option<PathBuf>,
 }
 
 impl Cleanup {
@@ -32,6 +36,8 @@ impl Cleanup {
             router: None,
             network: None,
             dir: None,
+            volume: None,
+            placeholder: None,
         }
     }
 
@@ -56,6 +62,13 @@ impl Cleanup {
         // The directory before the network (see `plan` in start.rs).
         if let Some(dir) = self.dir.take() {
             let _ = fs::remove_dir_all(dir);
+        }
+        // After the pod, whose sandbox container had it mounted.
+        if let Some(volume) = self.volume.take() {
+            attempt("the doctor's home volume", args::volume_rm(&volume));
+        }
+        if let Some(file) = self.placeholder.take() {
+            let _ = fs::remove_file(file);
         }
         if let Some(network) = self.network.take() {
             attempt("the session network", args::network_rm(&network));

@@ -9,6 +9,7 @@
 //! 4 command.rs    the command in the sandbox container, signals passed on
 //! 5 command.rs    report of refused names
 //!   cleanup.rs    pod, router, session directory and network removed, on every way out
+//!   doctor_home.rs  the doctor's probe session: a throw-away home volume instead of the user's
 //! ```
 //!
 //! Each step is a function ([`run`] calls them in order). Objects are recorded in a `Cleanup` as soon as
@@ -18,6 +19,7 @@
 mod checks;
 mod cleanup;
 mod command;
+mod doctor_home;
 mod readiness;
 pub(crate) mod rundir;
 mod shared;
@@ -133,8 +135,9 @@ pub struct ProbeTarget {
 
 /// `agent-sandbox doctor`'s self-test: a session exactly as [`run`] starts one (same checks, images,
 /// topology and user mapping) in `project`, whose command `probe` makes once the session is up; the
-/// command's output is returned instead of shown. Everything is removed before it returns; `progress`
-/// hears when the command has finished and the removal starts.
+/// command's output is returned instead of shown. One difference: its home volume is a new, empty one
+/// of its own, never the user's (`doctor_home.rs` says why). Everything, that volume included, is
+/// removed before it returns; `progress` hears when the command has finished and the removal starts.
 pub fn run_probe(
     podman: &Podman,
     settings: &Settings,
@@ -143,13 +146,21 @@ pub fn run_probe(
     probe: impl FnOnce(&ProbeTarget) -> anyhow::Result<Vec<OsString>>,
     progress: &dyn Fn(&str),
 ) -> Result<std::process::Output, SessionError> {
-    let (checked, probes) =
+    let home = doctor_home::DoctorHome::new().map_err(SessionError::Check)?;
+    let settings = &Settings {
+        home_volume: home.volume.clone(),
+        ..settings.clone()
+    };
+    let (checked, mut probes) =
         checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
     interrupted(signals)?;
+    let mut cleanup = cleanup::Cleanup::new(podman.clone());
+    probes.volume = home
+        .create(podman, &settings.state_dir, &checked.project, &mut cleanup)
+        .map_err(SessionError::Shared)?;
     let shared =
         shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
     interrupted(signals)?;
-    let mut cleanup = cleanup::Cleanup::new(podman.clone());
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
     let target = ProbeTarget {
         router: session.router.clone(),

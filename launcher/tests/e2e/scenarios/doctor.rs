@@ -63,6 +63,18 @@ const NESTED: &[&str] = &[
     "nested-router",
 ];
 
+/// Run in a session: plants a usercustomize.py in the home volume's user site directory that prints
+/// a passing check, and prints where it is.
+const PLANT: &str = r#"
+import os, site
+d = site.getusersitepackages()
+os.makedirs(d, exist_ok=True)
+p = os.path.join(d, "usercustomize.py")
+with open(p, "w") as f:
+    f.write("print('{\"name\":\"planted-usercustomize\",\"ok\":true,\"tried\":\"\",\"got\":\"\"}', flush=True)\n")
+print(p)
+"#;
+
 /// This machine's first global IPv4 address.
 fn host_ipv4() -> String {
     let out = sh(Command::new("ip").args(["-4", "-o", "addr", "show", "scope", "global"]));
@@ -108,10 +120,42 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ("AGENT_SANDBOX_DOCTOR_HOSTS", hosts.display().to_string()),
     ];
 
+    // What an earlier agent could leave in the user's home volume to answer for the probe: a
+    // usercustomize.py that claims a check passed. The doctor's session has a home of its own.
+    let planted = s.launch(&dir, &["--exec", "python3", "-c", PLANT]);
+    let planted_at = planted.stdout.trim().to_owned();
+    s.checks.check(
+        planted.code == Some(0) && planted_at.ends_with("usercustomize.py"),
+        format!(
+            "[{name}] a usercustomize.py planted in the home volume: {}{}",
+            planted.stdout, planted.stderr
+        ),
+    );
+
     // 1. It passes here, and its table names every check.
     let t = Instant::now();
     let r = s.launch_env(&dir, &["doctor", "--json"], &env);
     let took = t.elapsed();
+    let removed = s.launch(&dir, &["--exec", "rm", "-f", &planted_at]);
+    s.checks.check(
+        !r.stdout.contains("planted-usercustomize") && removed.code == Some(0),
+        format!(
+            "[{name}] nothing in the user's home volume runs before the probe: {}",
+            r.stdout
+        ),
+    );
+    let homes = s.mode.podman_ok(&[
+        "volume",
+        "ls",
+        "--filter",
+        "label=agent-sandbox.doctor-home",
+        "--format",
+        "{{.Name}}",
+    ]);
+    s.checks.check(
+        homes.trim().is_empty(),
+        format!("[{name}] the doctor removes its own home volume: {homes}"),
+    );
     eprintln!(
         "  doctor took {took:.1?} ({name}):\n{}",
         r.stderr.trim_end()
@@ -182,7 +226,7 @@ pub(crate) fn run(s: &mut Suite<'_>) {
             !nested_host.is_empty() && nested_host.iter().all(|c| c["status"] == "pass"),
             format!("[{name}] the nested container cannot reach this host: {nested_host:?}"),
         );
-        // The nested image lives in the home volume, which outlasts the session: the doctor removes it.
+        // The nested image lives in the doctor's own home volume: nothing of it is in the user's.
         let images = s.launch(
             &dir,
             &["--exec", "podman", "images", "--format", "{{.Repository}}"],
