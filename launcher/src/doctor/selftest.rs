@@ -992,8 +992,16 @@ noise from python
         // What an earlier agent could leave in the home volume (or a PYTHON* variable point at): each
         // prints a line that claims a check passed. The probe's own python3 command line, with a
         // stand-in for the probe's source, must print only what the stand-in prints.
+        /// Removes the test's directory however the test ends.
+        struct Scratch(PathBuf);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
         let dir = std::env::temp_dir().join(format!("as-doctor-site-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
+        let _scratch = Scratch(dir.clone());
         let claim = |who: &str| {
             format!(
                 "print('{{\"name\":\"planted-{who}\",\"ok\":true,\"tried\":\"\",\"got\":\"\"}}')\n"
@@ -1038,7 +1046,6 @@ noise from python
             .current_dir(&path_dir)
             .output()
             .unwrap();
-        let _ = fs::remove_dir_all(&dir);
         assert!(out.status.success(), "{out:?}");
         assert_eq!(String::from_utf8_lossy(&out.stdout), "probe ran\n");
     }

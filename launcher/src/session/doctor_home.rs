@@ -107,9 +107,17 @@ mod tests {
 
     #[test]
     fn the_doctors_home_is_new_labelled_and_removed_with_the_session() {
+        /// Removes the test's directory however the test ends.
+        struct Scratch(std::path::PathBuf);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
         let dir = std::env::temp_dir().join(format!("as-doctor-home-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
+        let _scratch = Scratch(dir.clone());
         let state = dir.join("state");
         // Three doctor homes already there: one of a killed doctor (this pid, another start time),
         // one of a live one (this very process) and a volume of someone else's with dead labels.
@@ -190,9 +198,7 @@ mod tests {
         drop(cleanup);
         let log = fs::read_to_string(dir.join("log")).unwrap();
         let last = log.lines().last().unwrap().to_owned();
-        let placeholder_left = placeholder.exists();
-        let _ = fs::remove_dir_all(&dir);
         assert_eq!(last, format!("volume rm --force {}", home.volume));
-        assert!(!placeholder_left);
+        assert!(!placeholder.exists());
     }
 }
