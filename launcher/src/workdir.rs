@@ -357,8 +357,9 @@ pub fn allowlist_locations(allowlist: &Path) -> io::Result<Vec<PathBuf>> {
 const MAX_SYMLINKS: usize = 40;
 
 /// Resolves `path` one component at a time, as the kernel does: returns where it leads (a missing tail
-/// kept as it is, like [`canonicalize_lenient`]) and where each symlink followed on the way lies (its
-/// directory resolved). A loop is an error.
+/// kept as it is, like [`canonicalize_lenient`]) and what on the way a sandbox could re-point: where
+/// each symlink followed lies (its directory resolved), and each directory that `..` leaves. A loop is
+/// an error.
 fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
     let absolute = if path.is_absolute() {
         path.to_owned()
@@ -374,6 +375,9 @@ fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
             Some("/") => resolved = PathBuf::from("/"),
             Some(".") => {}
             Some("..") => {
+                // The directory left is on the way too: were it inside a project, its sandbox could
+                // make it a symlink, and `..` would then lead elsewhere.
+                links.push(resolved.clone());
                 resolved.pop();
             }
             _ => {
@@ -713,12 +717,32 @@ mod tests {
         ));
         assert!(check(&home.join("src/other"), &guarded).is_ok());
 
-        // A relative link, `..` after a link, and a missing tail resolve as the kernel would.
+        // A relative link, `..` after a link, and a missing tail resolve as the kernel would; the
+        // directories `..` leaves are on the way too.
+        let tmp_c = tmp.canonicalize().unwrap();
         let rel = tmp.join("rel");
         std::os::unix::fs::symlink("srv/../srv", &rel).unwrap();
         let (target, met) = resolve_recording_links(&rel.join("./missing/../x")).unwrap();
         assert_eq!(target, srv.join("x"));
-        assert_eq!(met, [tmp.canonicalize().unwrap().join("rel")]);
+        assert_eq!(met, [tmp_c.join("rel"), srv.clone(), srv.join("missing")]);
+        // A link down through a project and back up: the project holds a directory on the way (which
+        // its sandbox could replace with a symlink), so it is refused.
+        let proj = home.join("proj");
+        std::fs::create_dir_all(proj.join("sub")).unwrap();
+        let down_and_up = config.join("via-proj");
+        std::os::unix::fs::symlink("../../proj/sub/../../shared/allowed-hosts", &down_and_up)
+            .unwrap();
+        let locations = allowlist_locations(&down_and_up).unwrap();
+        assert!(locations.contains(&proj.join("sub")), "{locations:?}");
+        let guarded = Guarded {
+            homes: vec![home.clone()],
+            allowlist: locations,
+            ..Guarded::default()
+        };
+        assert!(matches!(
+            check(&proj, &guarded),
+            Err(Refusal::ContainsAllowlist { .. })
+        ));
         // A loop is an error, not a hang.
         let a = tmp.join("loop-a");
         std::os::unix::fs::symlink(tmp.join("loop-b"), &a).unwrap();
