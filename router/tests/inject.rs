@@ -1131,6 +1131,71 @@ async fn a_transfer_coded_response_is_refused() {
     assert!(!sent.contains("\r\nte:"), "{sent}");
 }
 
+/// A terminated connection's request heads draw on the router-wide memory budget for large heads, as
+/// the listeners' do: past it, clients sending unfinished 60 KB heads are refused (a 503 that says why,
+/// and the log), an ordinary request is still served, and once they go large heads are served again.
+/// Without the charge, 900 such connections held about 57 MiB more than small heads (reviewer D).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_heads_on_terminated_connections_share_the_memory_budget() {
+    require_netns!();
+    let lab = Lab::start("injpeek").await;
+    let api = lab.world.name("api");
+    let unfinished = format!(
+        "GET / HTTP/1.1\r\nHost: {api}\r\nX-Pad: {}",
+        "a".repeat(60_000)
+    );
+    let mark = lab.world.mark;
+    let mut holders = Vec::new();
+    // Each holds a 64 KiB buffer, 40 KiB of it charged: 250 of them need 10 MiB.
+    for _ in 0..250 {
+        let mut c = lab.connect("api").await;
+        // Refused holders are closed: their writes may fail.
+        let _ = c.tls.write_all(unfinished.as_bytes()).await;
+        let _ = c.tls.flush().await;
+        holders.push(c);
+    }
+    let request = |pad: usize| {
+        format!(
+            "GET / HTTP/1.1\r\nHost: {api}\r\nx-api-key: {PLACEHOLDER}\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(pad)
+        )
+    };
+    let status = |pad: usize| {
+        let lab = &lab;
+        let request = request(pad);
+        async move {
+            let mut c = lab.connect("api").await;
+            let _ = c.tls.write_all(request.as_bytes()).await;
+            let _ = c.tls.flush().await;
+            c.response().await
+        }
+    };
+    // The holders past the budget are refused. (Their 503 is written, but a client still sending
+    // when the router closes may see a reset first: the log is what tells.)
+    let spent = poll(|| {
+        events_since(mark, "refused").into_iter().find(|e| {
+            e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("memory for large ClientHellos"))
+        })
+    })
+    .await;
+    assert_eq!(spent["name"], api.as_str(), "{spent}");
+    // A large head now is not served; an ordinary request is.
+    let r = status(40_000).await;
+    assert!(r.as_ref().is_none_or(|r| r.status == 503), "{r:?}");
+    let r = status(10).await.expect("an ordinary request is answered");
+    assert_eq!(r.status, 200, "{r:?}");
+    drop(holders);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while status(40_000).await.is_none_or(|r| r.status != 200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget was not given back"
+        );
+    }
+}
+
 /// A token endpoint's answer in a content coding (which the router asked it not to use) could carry a
 /// real token the router's checks cannot read, as an ordinary answer could: 502, none of it passed on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,7 @@ use super::oauth_hook::{self, TokenFinish};
 use super::rewrite::{rewrite_head, Rewritten, Swap};
 use super::scan::Scanner;
 use super::Injector;
+use crate::fairness::{PeekBudgetSpent, PeekCharge};
 use crate::metrics::{CloseReason, Injected, RefusalReason};
 use crate::proxy::conn_log::ConnLog;
 use crate::proxy::http::{
@@ -174,6 +175,7 @@ pub(crate) async fn serve(
         client_w,
         upstream: None,
         buf: Vec::new(),
+        peek: PeekCharge::new(&proxy.bounds.peek),
         rbuf: Vec::new(),
         scanner: Scanner::new(inject.secrets()),
     };
@@ -198,6 +200,9 @@ struct Terminated<'a> {
     upstream: Option<(ReadHalf<UpstreamTls>, WriteHalf<UpstreamTls>)>,
     /// Client bytes read and not yet forwarded (the head being read, a pipelined request).
     buf: Vec<u8>,
+    /// What `buf` holds past one read's room, charged to the router-wide budget for large heads (and
+    /// for token request bodies, which are read whole).
+    peek: PeekCharge<'a>,
     /// Upstream bytes read and not yet sent on.
     rbuf: Vec<u8>,
     /// Every byte to the client passes through it.
@@ -339,6 +344,11 @@ impl Terminated<'_> {
         let peek = self.proxy.peek_timeout;
         let mut deadline = first.then(|| Instant::now() + peek);
         let mut reader = HeadReader::new();
+        // What the last request left is more than the next head needs.
+        if self.buf.len() <= READ {
+            self.buf.shrink_to(READ);
+        }
+        self.charge_buf().await?;
         loop {
             if !self.buf.is_empty() {
                 deadline.get_or_insert_with(|| Instant::now() + peek);
@@ -400,9 +410,28 @@ impl Terminated<'_> {
                     );
                     return Err(End);
                 }
-                Ok(_) => {}
+                Ok(_) => self.charge_buf().await?,
             }
         }
+    }
+
+    /// Charges what `buf` holds past one read's room to the budget for large heads and bodies; past
+    /// it, the client gets a 503 and the connection ends (the buffer is let go first).
+    async fn charge_buf(&mut self) -> Result<(), End> {
+        if self
+            .peek
+            .hold(self.buf.capacity().saturating_sub(READ))
+            .is_ok()
+        {
+            return Ok(());
+        }
+        self.buf = Vec::new();
+        self.refuse(
+            "503 Service Unavailable",
+            &PeekBudgetSpent.to_string(),
+            RefusalReason::PeekMemory,
+        )
+        .await
     }
 
     /// Answers the client with `status` on the router's behalf, logs the refusal, closes.
@@ -548,6 +577,7 @@ impl Terminated<'_> {
             {
                 return Err(End);
             }
+            self.charge_buf().await?;
         }
         let body: Vec<u8> = self.buf.drain(..len).collect();
         let Some(hook) = self.inject.oauth.clone() else {
