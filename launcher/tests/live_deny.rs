@@ -342,3 +342,26 @@ fn deny_names_the_other_allowlist_a_session_was_started_with() {
     );
     assert_eq!(live.file(), "api.anthropic.com\n");
 }
+
+/// A session started with another allowlist that was edited since without a reload: its router still
+/// holds the old policy, and that is what `deny` checks (reviewer D: it read the edited file and said
+/// "refused" while the session still allowed the name).
+#[test]
+fn deny_checks_a_session_against_the_policy_its_router_holds() {
+    let live = Live::new("stale", "api.anthropic.com\nx.example.com\n");
+    let other = live.root.join("home/other-hosts");
+    fs::write(&other, "api.anthropic.com\nx.example.com\n").unwrap();
+    live.start_session(&other, "api.anthropic.com\nx.example.com\n");
+    // Edited by hand afterwards, not reloaded.
+    fs::write(&other, "api.anthropic.com\n").unwrap();
+    let o = live.run(&["deny", "x.example.com"]);
+    let out = text(&o);
+    assert!(live.session_allows("x.example.com"), "the session's router");
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(
+        out.contains(&format!("`x.example.com` is still allowed in session {ID}")),
+        "{out}"
+    );
+    assert_eq!(live.file(), "api.anthropic.com\n");
+}

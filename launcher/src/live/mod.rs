@@ -340,6 +340,26 @@ struct DenySession<'a> {
 }
 
 impl DenySession<'_> {
+    /// Whether `deny` gives this session a new policy: it was started with the file `deny` edits, or
+    /// its own entries changed.
+    fn reapplied(&self) -> bool {
+        self.other.is_none() || self.own.lines > 0
+    }
+
+    /// The policy the session's router will hold after the deny: the new one for a session that is
+    /// re-applied; for any other, the one in force (its router configuration as last written), not
+    /// what its allowlist file says now, which may have changed since without a reload.
+    fn policy_after(&self, file_text: &str, file_name: &str) -> anyhow::Result<Policy> {
+        if self.reapplied() {
+            return Ok(Policy::new(&self.allowlist(file_text, file_name)?));
+        }
+        let config = files::read_router_config(&self.s.dir)?;
+        let valid = config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("its router configuration is not valid: {e}"))?;
+        Ok(valid.rules.policy)
+    }
+
     /// The session's policy after the deny: its allowlist's text (`file_text` for the file `deny`
     /// edits) plus its remaining own entries, parsed as a live change parses it.
     fn allowlist(&self, file_text: &str, file_name: &str) -> anyhow::Result<Allowlist> {
@@ -416,7 +436,7 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
         // Every session started with the file, and any other whose own entries changed.
         let targets: Vec<(&Running, anyhow::Result<Allowlist>)> = denied
             .iter()
-            .filter(|d| d.other.is_none() || d.own.lines > 0)
+            .filter(|d| d.reapplied())
             .map(|d| (d.s, d.allowlist(&file.text, &name)))
             .collect();
         apply_targets(podman, &all, targets)
@@ -480,8 +500,8 @@ fn deny_problems(
         }
         for d in denied {
             let id = &d.s.meta.id;
-            let list = match d.allowlist(&file.text, name) {
-                Ok(list) => list,
+            let policy = match d.policy_after(&file.text, name) {
+                Ok(policy) => policy,
                 Err(err) => {
                     // A session whose policy cannot be had cannot be said to refuse the name.
                     problems.push(DenyProblem::Unchecked {
@@ -492,7 +512,7 @@ fn deny_problems(
                     continue;
                 }
             };
-            let names = edit::still_allowed(&Policy::new(&list), e);
+            let names = edit::still_allowed(&policy, e);
             if names.is_empty() {
                 continue;
             }
