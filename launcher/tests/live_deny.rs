@@ -365,3 +365,28 @@ fn deny_checks_a_session_against_the_policy_its_router_holds() {
     );
     assert_eq!(live.file(), "api.anthropic.com\n");
 }
+
+/// Denying a wildcard leaves the narrower lines under it (each a line of its own) allowing their names:
+/// a success, with a note naming them, so that "refused" does not read as covering them.
+#[test]
+fn deny_of_a_wildcard_names_the_lines_under_it_that_stay() {
+    let live = Live::new(
+        "under",
+        "api.anthropic.com\n.example.com\n.sub.example.com\nwww.example.com\nnotexample.com\n",
+    );
+    allow_session(&live, "api.example.com");
+    let o = live.run(&["deny", ".example.com"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("connections are refused"), "{out}");
+    let file = live.allowlist().display().to_string();
+    assert!(
+        out.contains(&format!(
+            "note: these lines under `example.com` are lines of their own and still allow their names: `.sub.example.com` ({file} line 2), `www.example.com` ({file} line 3), `api.example.com` (session {ID}'s own entry)"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("`notexample.com`"), "{out}");
+    assert!(!live.session_allows("other.example.com"));
+    assert!(live.session_allows("www.example.com"));
+}

@@ -172,6 +172,45 @@ pub fn still_allowed(policy: &Policy, entry: &str) -> Vec<String> {
         .collect()
 }
 
+/// The lines of `text` with an entry at or below the domain of denied wildcard `entry` (`.example.com`):
+/// names the wildcard covered that lines of their own keep allowing once it is gone (`www.example.com`,
+/// `.sub.example.com`, `example.com`, `db.example.com:5432`). Each as its content and line number; none
+/// when `entry` is not a wildcard.
+#[must_use]
+pub fn kept_below(text: &str, entry: &str) -> Vec<(String, usize)> {
+    let Ok(list) = Allowlist::parse(entry, "") else {
+        return Vec::new();
+    };
+    let apexes: Vec<String> = list
+        .entries()
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Subdomains(n) => Some(n.as_str().to_owned()),
+            _ => None,
+        })
+        .collect();
+    if apexes.is_empty() {
+        return Vec::new();
+    }
+    let at_or_below = |name: &str| {
+        apexes.iter().any(|apex| {
+            name == apex
+                || name
+                    .strip_suffix(apex.as_str())
+                    .is_some_and(|head| head.ends_with('.'))
+        })
+    };
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, raw)| {
+            let (content, line) = line_entries(raw)?;
+            line.iter()
+                .any(|e| at_or_below(e.name().as_str()))
+                .then_some((content, i + 1))
+        })
+        .collect()
+}
+
 /// A line of allowlist text that still allows part of a denied entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allowing {

@@ -454,6 +454,28 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
         println!(
             "new lookups and connections are refused, relays and connections already open go on until they close"
         );
+        // A wildcard's names that lines of their own still allow: not a failure (each is a line the
+        // user wrote), but "refused" must not read as covering them.
+        for e in &entries {
+            let mut kept: Vec<String> = edit::kept_below(&file.text, e)
+                .into_iter()
+                .map(|(by, line)| format!("`{by}` ({name} line {line})"))
+                .collect();
+            for d in &denied {
+                kept.extend(
+                    edit::kept_below(&d.own.text, e)
+                        .into_iter()
+                        .map(|(by, _)| format!("`{by}` (session {}'s own entry)", d.s.meta.id)),
+                );
+            }
+            if !kept.is_empty() {
+                println!(
+                    "note: these lines under `{}` are lines of their own and still allow their names: {}",
+                    e.trim_start_matches('.'),
+                    kept.join(", ")
+                );
+            }
+        }
     }
     for p in &problems {
         eprintln!("agent-sandbox: {p}");
