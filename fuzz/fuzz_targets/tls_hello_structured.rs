@@ -7,7 +7,7 @@
 //! other shape is refused (so a name a policy refuses can never come back as another, allowed one).
 #![no_main]
 
-use agent_sandbox_fuzz::{assert_linear, thread_cpu};
+use agent_sandbox_fuzz::{assert_linear, cut, thread_cpu};
 use agent_sandbox_router::proxy::tls::build::{client_hello, extension, sni_extension};
 use agent_sandbox_router::proxy::tls::{HelloError, HelloReader};
 use arbitrary::Arbitrary;
@@ -30,22 +30,6 @@ struct Input {
     records: Vec<u16>,
     /// Sizes of the reads the records arrive in (cycled; 0 counts as 1).
     reads: Vec<u16>,
-}
-
-fn cut(len: usize, sizes: &[u16], max: usize) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut left = len;
-    let mut i = 0;
-    while left > 0 {
-        let n = sizes
-            .get(i % sizes.len().max(1))
-            .map_or(max, |&s| usize::from(s).clamp(1, max))
-            .min(left);
-        out.push(n);
-        left -= n;
-        i += 1;
-    }
-    out
 }
 
 fn feed(stream: &[u8], reads: &[usize]) -> Result<Option<Vec<u8>>, HelloError> {

@@ -17,7 +17,7 @@
 //! - the work is linear in the input.
 #![no_main]
 
-use agent_sandbox_fuzz::{assert_linear, thread_cpu};
+use agent_sandbox_fuzz::{assert_linear, cut, thread_cpu};
 use agent_sandbox_router::proxy::retry::{RetryError, SecondHello, ServerHelloWatch};
 use agent_sandbox_router::proxy::tls::build::{client_hello, extension, sni_extension};
 use agent_sandbox_router::proxy::tls::{HelloReader, MAX_BUFFERED};
@@ -57,22 +57,6 @@ struct Input {
     server: Vec<u8>,
     /// Read sizes for the upstream's bytes.
     server_reads: Vec<u16>,
-}
-
-fn cut(len: usize, sizes: &[u16], max: usize) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut left = len;
-    let mut i = 0;
-    while left > 0 {
-        let n = sizes
-            .get(i % sizes.len().max(1))
-            .map_or(max, |&s| usize::from(s).clamp(1, max))
-            .min(left);
-        out.push(n);
-        left -= n;
-        i += 1;
-    }
-    out
 }
 
 /// A ClientHello naming `name`, with ECH if asked, cut into handshake records at `sizes`.
@@ -122,10 +106,11 @@ fn expected(first: &[u8], after: &[Piece]) -> Result<Option<bool>, ()> {
 
 /// Feeds the client stream to the first hello's reader and then, from where that hello ends, to
 /// `SecondHello`, in reads of `reads`. Returns the first hello's two parts and the second outcome.
-fn feed(
-    stream: &[u8],
-    reads: &[usize],
-) -> Option<((Vec<u8>, Vec<u8>), Result<bool, RetryError>)> {
+/// The first hello's two parts (its records, and what followed them in the same reads), and what
+/// `SecondHello` made of the rest.
+type Fed = ((Vec<u8>, Vec<u8>), Result<bool, RetryError>);
+
+fn feed(stream: &[u8], reads: &[usize]) -> Option<Fed> {
     let mut first = HelloReader::new();
     let mut at = 0;
     let mut reads = reads.iter();
@@ -198,9 +183,7 @@ fuzz_target!(|input: Input| {
     let outcomes: Vec<_> = patterns.iter().map(|p| feed(&stream, p)).collect();
     let within_cap = stream.len() - first.len() <= MAX_BUFFERED && first.len() <= MAX_BUFFERED;
     for (pattern, outcome) in patterns.iter().zip(&outcomes) {
-        let ((hello, after), _) = outcome
-            .as_ref()
-            .expect("a valid first hello was refused");
+        let ((hello, after), _) = outcome.as_ref().expect("a valid first hello was refused");
         assert_eq!(hello, &first, "the first part is not the hello's records");
         let read_with_hello: usize = pattern
             .iter()
@@ -221,7 +204,10 @@ fuzz_target!(|input: Input| {
     if within_cap {
         let decisions: Vec<_> = outcomes
             .iter()
-            .map(|o| o.as_ref().map(|(_, step)| step.as_ref().map_err(|_| ()).copied()))
+            .map(|o| {
+                o.as_ref()
+                    .map(|(_, step)| step.as_ref().map_err(|_| ()).copied())
+            })
             .collect();
         assert!(
             decisions.windows(2).all(|w| w[0] == w[1]),
@@ -238,7 +224,10 @@ fuzz_target!(|input: Input| {
     } else if let Ok(Some(false)) = expected(&input.name, &input.after) {
         // Over the cap a refusal may come earlier, for size, but never an acceptance.
         for outcome in &outcomes {
-            assert!(!matches!(outcome, Some((_, Ok(true)))), "accepted over the cap");
+            assert!(
+                !matches!(outcome, Some((_, Ok(true)))),
+                "accepted over the cap"
+            );
         }
     }
 
@@ -257,8 +246,18 @@ fuzz_target!(|input: Input| {
     let whole = decide(&[server.len()][..usize::from(!server.is_empty())]);
     let bytewise = decide(&vec![1; server.len()]);
     let chosen = decide(&cut(server.len(), &input.server_reads, 4096));
-    assert_eq!(whole, bytewise, "upstream read boundaries changed the decision");
-    assert_eq!(whole, chosen, "upstream read boundaries changed the decision");
+    assert_eq!(
+        whole, bytewise,
+        "upstream read boundaries changed the decision"
+    );
+    assert_eq!(
+        whole, chosen,
+        "upstream read boundaries changed the decision"
+    );
 
-    assert_linear("HelloRetryRequest path", stream.len() * 3 + server.len() * 3, start);
+    assert_linear(
+        "HelloRetryRequest path",
+        stream.len() * 3 + server.len() * 3,
+        start,
+    );
 });

@@ -38,6 +38,26 @@ pub fn pieces<'a>(data: &'a [u8], cuts: &'a [usize]) -> impl Iterator<Item = &'a
     })
 }
 
+/// `len` bytes cut into pieces of the sizes in `sizes` (taken in turn, cycled; each clamped to
+/// `1..=max`; none: pieces of `max`), for the structured targets, whose input chooses its record and
+/// read sizes. The lengths add up to `len`.
+#[must_use]
+pub fn cut(len: usize, sizes: &[u16], max: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut left = len;
+    let mut i = 0;
+    while left > 0 {
+        let n = sizes
+            .get(i % sizes.len().max(1))
+            .map_or(max, |&s| usize::from(s).clamp(1, max))
+            .min(left);
+        out.push(n);
+        left -= n;
+        i += 1;
+    }
+    out
+}
+
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)

@@ -409,6 +409,18 @@ fn contains(hay: &[u8], needle: &str) -> bool {
     find(hay, needle.as_bytes()).is_some()
 }
 
+/// A refresh-token exchange with the token host `token`, as Claude Code sends it, holding the refresh
+/// placeholder; `client_id` tells the test's token endpoint how to answer.
+fn refresh_request(token: &str, client_id: &str) -> String {
+    let body = format!(
+        "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"{client_id}\"}}"
+    );
+    format!(
+        "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// The recording upstream.
 async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, recorder: Recorder) {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -954,17 +966,7 @@ async fn oauth_tokens_are_swapped_both_ways() {
     );
     // A refresh: the upstream gets the real refresh token, the client only placeholders back.
     let mut c = lab.connect("token").await;
-    let body = format!(
-        "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"x\"}}"
-    );
-    c.send(
-        format!(
-            "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await;
+    c.send(refresh_request(&token, "x").as_bytes()).await;
     let r = c.response().await.expect("the token response");
     let text = String::from_utf8_lossy(&r.body).into_owned();
     assert_eq!(r.status, 200);
@@ -1203,18 +1205,9 @@ async fn an_encoded_token_response_is_refused() {
     require_netns!();
     let lab = Lab::start_with("injtokgz", true).await;
     let token = lab.world.name("token");
-    let body = format!(
-        "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"encoded-error\"}}"
-    );
     let mut c = lab.connect("token").await;
-    c.send(
-        format!(
-            "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await;
+    c.send(refresh_request(&token, "encoded-error").as_bytes())
+        .await;
     let got = c.rest().await;
     let text = String::from_utf8_lossy(&got).into_owned();
     assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
@@ -1232,15 +1225,7 @@ async fn a_stalled_token_endpoint_gets_a_deadline() {
     require_netns!();
     let lab = Lab::start_with("injslowtok", true).await;
     let token = lab.world.name("token");
-    let exchange = |note: &str| {
-        let body = format!(
-            "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"{REFRESH_PH}\",\"client_id\":\"{note}\"}}"
-        );
-        format!(
-            "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
+    let exchange = |note: &str| refresh_request(&token, note);
     let mut c = lab.connect("token").await;
     c.send(exchange("never-answer").as_bytes()).await;
     // Client::response gives up after 10 s.
