@@ -38,7 +38,12 @@ kill)
     shift 3
     for name in "$@"; do
         case "$name" in
-        *-router) printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F {"fields":{"message":"reload succeeded: 1 -> 1 entries","result":"success"}}' >> "$logs/$name.log" ;;
+        *-router)
+            if [ -e "$logs/refuse" ]; then
+                printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F {"fields":{"message":"reload failed: the current policy (2 entries) stays in force","result":"failure"}}' >> "$logs/$name.log"
+            else
+                printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F {"fields":{"message":"reload succeeded: 1 -> 1 entries","result":"success"}}' >> "$logs/$name.log"
+            fi ;;
         esac
     done ;;
 logs) ;;
@@ -121,13 +126,18 @@ impl Live {
 
     /// `agent-sandbox ARGS` with the stand-in podman first on PATH.
     fn run(&self, args: &[&str]) -> Output {
+        self.run_with(&self.allowlist(), args)
+    }
+
+    /// [`Live::run`] with `AGENT_SANDBOX_ALLOWLIST` set to `allowlist`.
+    fn run_with(&self, allowlist: &Path, args: &[&str]) -> Output {
         Command::new(LAUNCHER)
             .args(args)
             .current_dir(&self.root)
             .env_clear()
             .env("HOME", self.root.join("home"))
             .env("XDG_RUNTIME_DIR", self.root.join("runtime"))
-            .env("AGENT_SANDBOX_ALLOWLIST", self.allowlist())
+            .env("AGENT_SANDBOX_ALLOWLIST", allowlist)
             .env(
                 "PATH",
                 format!("{}:/usr/bin:/bin", self.root.join("bin").display()),
@@ -389,4 +399,31 @@ fn deny_of_a_wildcard_names_the_lines_under_it_that_stay() {
     assert!(!out.contains("`notexample.com`"), "{out}");
     assert!(!live.session_allows("other.example.com"));
     assert!(live.session_allows("www.example.com"));
+}
+
+/// A live change the router refused leaves its configuration file holding a policy the router does not
+/// hold: `deny` then counts what the router last confirmed too (reviewer E: after a refused `reload`,
+/// deny read the refused file and said "refused" while the router kept the name).
+#[test]
+fn deny_counts_the_policy_a_refused_reload_left_in_force() {
+    let live = Live::new("refusedreload", "api.anthropic.com\nevil.example\n");
+    let other = live.root.join("home/other-hosts");
+    fs::write(&other, "api.anthropic.com\nevil.example\n").unwrap();
+    live.start_session(&other, "api.anthropic.com\nevil.example\n");
+    fs::write(&other, "api.anthropic.com\n").unwrap();
+    fs::write(live.root.join("logs/refuse"), "").unwrap();
+    let o = live.run_with(&other, &["reload"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("NOT applied"), "{}", text(&o));
+    // The file as last written lacks the name; the router keeps the policy it started with.
+    assert!(!live.session_allows("evil.example"));
+    fs::remove_file(live.root.join("logs/refuse")).unwrap();
+    let o = live.run(&["deny", "evil.example"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(
+        out.contains(&format!("`evil.example` is still allowed in session {ID}")),
+        "{out}"
+    );
 }

@@ -5,6 +5,7 @@
 //!   session.json          who the session is: id, project, start, allowlist file, router address
 //!   plan-state.json       every loopback address and router port handed out (never renumbered)
 //!   session-allowlist     entries allowed for this session only (`allow --session`)
+//!   router-in-force.toml  the router configuration last confirmed in force by a live change (a copy)
 //!   router/router.toml    the router's configuration   (mounted as a directory into the router only)
 //!   forwarder/relays      the forwarder's relays        (mounted as a directory into the forwarder only)
 //!   hosts, resolv.conf    the sandbox's (unchanged during a session)
@@ -41,6 +42,8 @@ const META_FILE: &str = "session.json";
 const STATE_FILE: &str = "plan-state.json";
 /// Entries allowed for this session only, one per line.
 const EXTRA_FILE: &str = "session-allowlist";
+/// The router configuration the router last confirmed it holds ([`record_in_force`]).
+const IN_FORCE_FILE: &str = "router-in-force.toml";
 /// The largest session file read: they are small, a bigger one is not ours.
 const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -194,6 +197,44 @@ pub(crate) fn read_router_config(dir: &Path) -> anyhow::Result<agent_sandbox_sha
     let path = dir.join(ROUTER_DIR).join(ROUTER_FILE);
     agent_sandbox_shared::RouterConfig::from_toml(&read_small(&path)?)
         .map_err(|e| anyhow::anyhow!("{} is not valid: {e}", path.display()))
+}
+
+/// Records the router configuration as last written as the one in force: before the first live change
+/// (when it is the start's, which the router took at start) and after each change the router confirmed.
+/// A change the router refused, or did not confirm, leaves the record as it was: `router.toml` then
+/// holds a policy the router may not hold.
+pub(crate) fn record_in_force(dir: &Path) -> anyhow::Result<()> {
+    let text = read_small(&dir.join(ROUTER_DIR).join(ROUTER_FILE))?;
+    replace_file(&dir.join(IN_FORCE_FILE), &text, 0o600, Durability::Session)
+}
+
+/// Whether [`record_in_force`] has a record for the session.
+pub(crate) fn has_in_force(dir: &Path) -> bool {
+    dir.join(IN_FORCE_FILE).exists()
+}
+
+/// The router configurations the router may hold now: the one last confirmed in force, and the one
+/// last written when that differs (a change refused or not confirmed, which the router may or may not
+/// have taken). Before any live change only the one written at start, which is in force.
+pub(crate) fn read_possibly_in_force(
+    dir: &Path,
+) -> anyhow::Result<Vec<agent_sandbox_shared::RouterConfig>> {
+    let written = read_small(&dir.join(ROUTER_DIR).join(ROUTER_FILE))?;
+    let mut texts = vec![written];
+    if has_in_force(dir) {
+        let confirmed = read_small(&dir.join(IN_FORCE_FILE))?;
+        if confirmed != texts[0] {
+            texts.push(confirmed);
+        }
+    }
+    texts
+        .iter()
+        .map(|t| {
+            agent_sandbox_shared::RouterConfig::from_toml(t).map_err(|e| {
+                anyhow::anyhow!("a router configuration of the session is not valid: {e}")
+            })
+        })
+        .collect()
 }
 
 /// The session-only entries (`allow --session`), as allowlist text; empty when there are none.

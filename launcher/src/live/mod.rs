@@ -346,18 +346,23 @@ impl DenySession<'_> {
         self.other.is_none() || self.own.lines > 0
     }
 
-    /// The policy the session's router will hold after the deny: the new one for a session that is
-    /// re-applied; for any other, the one in force (its router configuration as last written), not
-    /// what its allowlist file says now, which may have changed since without a reload.
-    fn policy_after(&self, file_text: &str, file_name: &str) -> anyhow::Result<Policy> {
+    /// The policies the session's router may hold after the deny: the new one for a session that is
+    /// re-applied; for any other, the one last confirmed in force and the one last written (a live
+    /// change the router refused or did not confirm leaves them different), not what its allowlist
+    /// file says now, which may have changed since without a reload.
+    fn policies_after(&self, file_text: &str, file_name: &str) -> anyhow::Result<Vec<Policy>> {
         if self.reapplied() {
-            return Ok(Policy::new(&self.allowlist(file_text, file_name)?));
+            return Ok(vec![Policy::new(&self.allowlist(file_text, file_name)?)]);
         }
-        let config = files::read_router_config(&self.s.dir)?;
-        let valid = config
-            .validate()
-            .map_err(|e| anyhow::anyhow!("its router configuration is not valid: {e}"))?;
-        Ok(valid.rules.policy)
+        files::read_possibly_in_force(&self.s.dir)?
+            .into_iter()
+            .map(|config| {
+                config
+                    .validate()
+                    .map(|valid| valid.rules.policy)
+                    .map_err(|e| anyhow::anyhow!("its router configuration is not valid: {e}"))
+            })
+            .collect()
     }
 
     /// The session's policy after the deny: its allowlist's text (`file_text` for the file `deny`
@@ -522,8 +527,8 @@ fn deny_problems(
         }
         for d in denied {
             let id = &d.s.meta.id;
-            let policy = match d.policy_after(&file.text, name) {
-                Ok(policy) => policy,
+            let policies = match d.policies_after(&file.text, name) {
+                Ok(policies) => policies,
                 Err(err) => {
                     // A session whose policy cannot be had cannot be said to refuse the name.
                     problems.push(DenyProblem::Unchecked {
@@ -534,7 +539,14 @@ fn deny_problems(
                     continue;
                 }
             };
-            let names = edit::still_allowed(&policy, e);
+            let mut names: Vec<String> = Vec::new();
+            for policy in &policies {
+                for n in edit::still_allowed(policy, e) {
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+            }
             if names.is_empty() {
                 continue;
             }

@@ -130,6 +130,10 @@ pub struct Applied {
 fn prepare(s: &Running, list: &Allowlist) -> anyhow::Result<usize> {
     let policy = Policy::new(list);
     let state = files::read_state(&s.dir)?;
+    if !files::has_in_force(&s.dir) {
+        // The first live change: what is written now is the start's configuration, in force.
+        files::record_in_force(&s.dir)?;
+    }
     let old = files::read_router_config(&s.dir)?;
     let mut plan = SessionPlan::extend(&policy, s.meta.router_ip, &state)?;
     // What the router's reload may not change (it would refuse the whole reload) stays as at start.
@@ -202,6 +206,8 @@ pub fn apply_all(
                         Some(mark) => mark.wait_reloaded(&s.router)?,
                         None => wait_reloaded(podman, &s.router, since)?,
                     }
+                    // Confirmed: what was written is what the router holds.
+                    let _ = files::record_in_force(&s.dir);
                     Ok(Applied {
                         entries,
                         took: started.elapsed(),
