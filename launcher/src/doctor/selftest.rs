@@ -357,11 +357,8 @@ fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
 struct HostListeners {
     /// The TCP listener's port (the probe itself sees a TCP connection get through, or be refused).
     tcp_port: u16,
-    /// The port of the UDP socket that receives what is sent to this host's IPv4 addresses.
-    udp_v4_port: u16,
-    /// The port of the UDP socket that receives what is sent to its IPv6 addresses (None: this host
-    /// cannot open an IPv6 socket, so no datagram to an IPv6 address could be counted).
-    udp_v6_port: Option<u16>,
+    /// The ports of the UDP sockets, one per address family.
+    udp_ports: UdpPorts,
     /// Connections and datagrams received.
     hits: Arc<AtomicUsize>,
     /// Tells the thread to stop.
@@ -379,10 +376,12 @@ impl HostListeners {
         let udp_v4 = UdpSocket::bind("0.0.0.0:0").context("cannot bind an IPv4 UDP socket")?;
         let udp_v6 = UdpSocket::bind("[::]:0").ok();
         let tcp_port = tcp.local_addr()?.port();
-        let udp_v4_port = udp_v4.local_addr()?.port();
-        let udp_v6_port = match &udp_v6 {
-            Some(s) => Some(s.local_addr()?.port()),
-            None => None,
+        let udp_ports = UdpPorts {
+            v4: udp_v4.local_addr()?.port(),
+            v6: match &udp_v6 {
+                Some(s) => Some(s.local_addr()?.port()),
+                None => None,
+            },
         };
         tcp.set_nonblocking(true)?;
         let udp: Vec<UdpSocket> = std::iter::once(udp_v4).chain(udp_v6).collect();
@@ -410,20 +409,11 @@ impl HostListeners {
         };
         Ok(HostListeners {
             tcp_port,
-            udp_v4_port,
-            udp_v6_port,
+            udp_ports,
             hits,
             stop,
             thread: Some(thread),
         })
-    }
-
-    /// The UDP ports, for the report.
-    fn describe_udp(&self) -> String {
-        match self.udp_v6_port {
-            Some(v6) => format!("UDP {} and {v6} (IPv6)", self.udp_v4_port),
-            None => format!("UDP {}", self.udp_v4_port),
-        }
     }
 
     fn finish(mut self) -> usize {
@@ -445,6 +435,14 @@ struct UdpPorts {
 }
 
 impl UdpPorts {
+    /// The ports, for the report.
+    fn describe(self) -> String {
+        match self.v6 {
+            Some(v6) => format!("UDP {} and {v6} (IPv6)", self.v4),
+            None => format!("UDP {}", self.v4),
+        }
+    }
+
     /// The port that counts datagrams sent to `address`, if any does.
     fn for_address(self, address: IpAddr) -> Option<u16> {
         match address {
@@ -526,11 +524,8 @@ fn run_inner(
     let mut extra = Vec::new();
     progress("starting a session as `agent-sandbox` would");
     let tcp_port = listeners.tcp_port;
-    let udp_ports = UdpPorts {
-        v4: listeners.udp_v4_port,
-        v6: listeners.udp_v6_port,
-    };
-    let udp_described = listeners.describe_udp();
+    let udp_ports = listeners.udp_ports;
+    let udp_described = udp_ports.describe();
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
     let mut nested_expected = Vec::new();
     let output = session::run_probe(
@@ -943,10 +938,7 @@ noise from python
     #[test]
     fn the_host_listeners_count_datagrams_to_ipv4_and_ipv6_addresses() {
         let listeners = HostListeners::start().unwrap();
-        let ports = UdpPorts {
-            v4: listeners.udp_v4_port,
-            v6: listeners.udp_v6_port,
-        };
+        let ports = listeners.udp_ports;
         let v4: IpAddr = "127.0.0.1".parse().unwrap();
         let v6: IpAddr = "::1".parse().unwrap();
         let v6_port = ports

@@ -178,34 +178,19 @@ pub fn still_allowed(policy: &Policy, entry: &str) -> Vec<String> {
 /// when `entry` is not a wildcard.
 #[must_use]
 pub fn kept_below(text: &str, entry: &str) -> Vec<(String, usize)> {
-    let Ok(list) = Allowlist::parse(entry, "") else {
-        return Vec::new();
-    };
-    let apexes: Vec<String> = list
-        .entries()
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Subdomains(n) => Some(n.as_str().to_owned()),
-            _ => None,
-        })
-        .collect();
-    if apexes.is_empty() {
-        return Vec::new();
-    }
-    let at_or_below = |name: &str| {
-        apexes.iter().any(|apex| {
-            name == apex
-                || name
-                    .strip_suffix(apex.as_str())
-                    .is_some_and(|head| head.ends_with('.'))
-        })
-    };
+    // The denied wildcards alone, compiled as the router compiles them: what they allow is at or below.
+    let wildcards = Policy::from_entries(
+        denied_parts(entry)
+            .into_iter()
+            .map(|(_, part)| part)
+            .filter(|part| matches!(part, Entry::Subdomains(_))),
+    );
     text.lines()
         .enumerate()
         .filter_map(|(i, raw)| {
             let (content, line) = line_entries(raw)?;
             line.iter()
-                .any(|e| at_or_below(e.name().as_str()))
+                .any(|e| wildcards.allows(e.name()))
                 .then_some((content, i + 1))
         })
         .collect()

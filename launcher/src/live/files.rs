@@ -195,7 +195,15 @@ pub(crate) fn read_state(dir: &Path) -> anyhow::Result<PlanState> {
 /// The router configuration in force (as last written).
 pub(crate) fn read_router_config(dir: &Path) -> anyhow::Result<agent_sandbox_shared::RouterConfig> {
     let path = dir.join(ROUTER_DIR).join(ROUTER_FILE);
-    agent_sandbox_shared::RouterConfig::from_toml(&read_small(&path)?)
+    parse_router_config(&path, &read_small(&path)?)
+}
+
+/// A router configuration read from `path`, parsed.
+fn parse_router_config(
+    path: &Path,
+    text: &str,
+) -> anyhow::Result<agent_sandbox_shared::RouterConfig> {
+    agent_sandbox_shared::RouterConfig::from_toml(text)
         .map_err(|e| anyhow::anyhow!("{} is not valid: {e}", path.display()))
 }
 
@@ -219,22 +227,17 @@ pub(crate) fn has_in_force(dir: &Path) -> bool {
 pub(crate) fn read_possibly_in_force(
     dir: &Path,
 ) -> anyhow::Result<Vec<agent_sandbox_shared::RouterConfig>> {
-    let written = read_small(&dir.join(ROUTER_DIR).join(ROUTER_FILE))?;
-    let mut texts = vec![written];
+    let written = dir.join(ROUTER_DIR).join(ROUTER_FILE);
+    let written_text = read_small(&written)?;
+    let mut configs = vec![parse_router_config(&written, &written_text)?];
     if has_in_force(dir) {
-        let confirmed = read_small(&dir.join(IN_FORCE_FILE))?;
-        if confirmed != texts[0] {
-            texts.push(confirmed);
+        let confirmed = dir.join(IN_FORCE_FILE);
+        let confirmed_text = read_small(&confirmed)?;
+        if confirmed_text != written_text {
+            configs.push(parse_router_config(&confirmed, &confirmed_text)?);
         }
     }
-    texts
-        .iter()
-        .map(|t| {
-            agent_sandbox_shared::RouterConfig::from_toml(t).map_err(|e| {
-                anyhow::anyhow!("a router configuration of the session is not valid: {e}")
-            })
-        })
-        .collect()
+    Ok(configs)
 }
 
 /// The session-only entries (`allow --session`), as allowlist text; empty when there are none.
