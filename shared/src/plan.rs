@@ -121,9 +121,10 @@ pub enum PlanError {
 }
 
 /// What a session has handed out so far: the loopback address of every host that ever had a port
-/// entry and the router port of every host:port entry, kept when entries are removed. A live allowlist
-/// change ([`SessionPlan::extend`]) starts from it, so an address or port the sandbox has already
-/// seen never changes meaning: processes inside keep cached DNS answers and open relays.
+/// entry, the router port of every host:port entry, and whether the shared address was ever in use,
+/// all kept when entries are removed. A live allowlist change ([`SessionPlan::extend`]) starts from
+/// it, so an address or port the sandbox has already seen never changes meaning: processes inside
+/// keep cached DNS answers and open relays.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanState {
@@ -133,6 +134,10 @@ pub struct PlanState {
     /// Router port per host:port entry, keyed `host:port`.
     #[serde(default)]
     pub ports: BTreeMap<String, u16>,
+    /// True once the shared address ([`SHARED_LOOPBACK`]) has been handed out: its relays stay for
+    /// the rest of the session, whatever the policy comes to allow.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 impl PlanState {
@@ -172,6 +177,13 @@ impl SessionPlan {
     /// The plan for a new policy in a running session: every host and host:port entry that `previous`
     /// knows keeps its address and router port; new ones get the next free ones (sorted by name, so
     /// the result is deterministic), never one handed out before, even to a host since removed.
+    ///
+    /// An address once handed out keeps working for as long as the session runs: a host that had its
+    /// own address keeps it (and its relays on 80 and 443) when its last port entry goes, for as long
+    /// as the policy allows the name at all; the shared address keeps its relays once it has been in
+    /// use. A name answered with the shared address that gains a port entry is answered with its own
+    /// address from then on, and the shared one still serves it on 80 and 443 (the router decides by
+    /// the name the client sends, not the address it came to).
     pub fn extend(
         policy: &Policy,
         router_ip: Ipv4Addr,
@@ -250,9 +262,9 @@ impl SessionPlan {
                 });
             }
         };
-        let shared_in_use = !policy.subdomain_apexes().is_empty()
+        state.shared |= !policy.subdomain_apexes().is_empty()
             || policy.exact_hosts().iter().any(|h| !port_hosts.contains(h));
-        if shared_in_use {
+        if state.shared {
             loopbacks.push(LoopbackAssignment {
                 address: SHARED_LOOPBACK,
                 names: "*".to_owned(),
@@ -260,14 +272,18 @@ impl SessionPlan {
             web_relays(&mut relays, SHARED_LOOPBACK);
         }
 
-        for host in &port_hosts {
-            let address = state.hosts[host.as_str()];
-            router.answers.hosts.insert(host.to_string(), address);
-            loopbacks.push(LoopbackAssignment {
-                address,
-                names: host.to_string(),
-            });
+        // Every host that ever had its own address keeps its relays on 80 and 443 (the router refuses
+        // what the policy no longer allows, and logs it, so `blocked` shows it), and is answered with
+        // that address while the policy allows the name.
+        for (host, &address) in &state.hosts {
             web_relays(&mut relays, address);
+            if HostName::parse(host).is_ok_and(|name| policy.allows(&name)) {
+                router.answers.hosts.insert(host.clone(), address);
+                loopbacks.push(LoopbackAssignment {
+                    address,
+                    names: host.clone(),
+                });
+            }
         }
         for (host, port) in &entries {
             let router_port = state.ports[&format!("{host}:{port}")];
@@ -470,6 +486,81 @@ mod tests {
             SessionPlan::extend(&policy("m.com:22\n"), ROUTER, &PlanState::default()).unwrap(),
             SessionPlan::new(&policy("m.com:22\n"), ROUTER).unwrap()
         );
+    }
+
+    /// The relays listening on `address`, by port.
+    fn relay_ports(p: &SessionPlan, address: [u8; 4]) -> Vec<u16> {
+        p.relays
+            .iter()
+            .filter(|r| r.listen.ip() == std::net::IpAddr::from(address))
+            .map(|r| r.listen.port())
+            .collect()
+    }
+
+    #[test]
+    fn an_address_handed_out_keeps_working_while_its_name_is_allowed() {
+        // `blocked.test` is answered with the shared address, `db.test` with its own.
+        let first = SessionPlan::new(&policy("blocked.test\ndb.test:5432\n"), ROUTER).unwrap();
+        assert_eq!(relay_ports(&first, [127, 0, 0, 2]), [80, 443]);
+        assert_eq!(relay_ports(&first, [127, 0, 0, 3]), [80, 443, 5432]);
+
+        // `blocked.test` gains a port entry: its own address from now on, and the shared address,
+        // which the sandbox may have cached for it, keeps its relays although no name needs it now.
+        let gained = SessionPlan::extend(
+            &policy("blocked.test\nblocked.test:5432\ndb.test:5432\n"),
+            ROUTER,
+            &first.state,
+        )
+        .unwrap();
+        assert_eq!(
+            gained.router.answers.hosts["blocked.test"],
+            Ipv4Addr::new(127, 0, 0, 4)
+        );
+        assert_eq!(relay_ports(&gained, [127, 0, 0, 2]), [80, 443]);
+        assert_eq!(relay_ports(&gained, [127, 0, 0, 4]), [80, 443, 5432]);
+
+        // The port entry goes, the name stays: it keeps its own address and its relays on 80 and 443.
+        let lost = SessionPlan::extend(
+            &policy("blocked.test\ndb.test:5432\n"),
+            ROUTER,
+            &gained.state,
+        )
+        .unwrap();
+        assert_eq!(
+            lost.router.answers.hosts["blocked.test"],
+            Ipv4Addr::new(127, 0, 0, 4)
+        );
+        assert_eq!(relay_ports(&lost, [127, 0, 0, 4]), [80, 443]);
+        assert_eq!(relay_ports(&lost, [127, 0, 0, 2]), [80, 443]);
+        assert!(lost
+            .loopbacks
+            .iter()
+            .any(|l| l.names == "blocked.test" && l.address == Ipv4Addr::new(127, 0, 0, 4)));
+
+        // A wildcard that still allows the name is enough to keep its answer.
+        let wildcard = SessionPlan::extend(&policy(".test\n"), ROUTER, &lost.state).unwrap();
+        assert_eq!(
+            wildcard.router.answers.hosts["blocked.test"],
+            Ipv4Addr::new(127, 0, 0, 4)
+        );
+        assert_eq!(
+            wildcard.router.answers.hosts["db.test"],
+            Ipv4Addr::new(127, 0, 0, 3)
+        );
+
+        // A name no longer allowed at all gets no answer (the router refuses it), but the relays stay,
+        // so a cached address reaches the router and its refusal is logged.
+        let gone = SessionPlan::extend(&policy("other.test\n"), ROUTER, &lost.state).unwrap();
+        assert!(gone.router.answers.hosts.is_empty());
+        assert!(gone.loopbacks.iter().all(|l| l.names != "blocked.test"));
+        assert_eq!(relay_ports(&gone, [127, 0, 0, 3]), [80, 443]);
+        assert_eq!(relay_ports(&gone, [127, 0, 0, 4]), [80, 443]);
+        assert!(gone.router.clone().validate().is_ok());
+
+        // A state file written before `shared` existed still reads.
+        let old =
+            PlanState::from_json("{\"hosts\":{\"a.test\":\"127.0.0.3\"},\"ports\":{}}").unwrap();
+        assert!(!old.shared);
     }
 
     #[test]
