@@ -1,7 +1,7 @@
 //! The real `agent-sandbox` binary's `allow --session` and `deny` against a running session that a
 //! stand-in `podman` (a shell script first on PATH) pretends to run: `ps` lists the session's router,
 //! `container inspect` names a log file, `kill --signal 1` appends the router's "reload succeeded" line
-//! to it. Everything else is real: the allowlist file, the session directory under `XDG_RUNTIME_DIR`
+//! to the router's and the forwarder's "reloaded" line to the forwarder's. Everything else is real: the allowlist file, the session directory under `XDG_RUNTIME_DIR`
 //! (made from the shared crate's plan, as a session start makes it), the files the launcher rewrites
 //! there, and its messages and exit codes. What podman and the router do with the files is the
 //! end-to-end suite's business (`tests/e2e/scenarios/live.rs`); these check that `deny` never says a
@@ -43,6 +43,12 @@ kill)
                 printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F {"fields":{"message":"reload failed: the current policy (2 entries) stays in force","result":"failure"}}' >> "$logs/$name.log"
             else
                 printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F {"fields":{"message":"reload succeeded: 1 -> 1 entries","result":"success"}}' >> "$logs/$name.log"
+            fi ;;
+        *-forwarder)
+            if [ -e "$logs/forwarder-refuse" ]; then
+                printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F ERROR reload refused, relays unchanged: cannot listen on 127.0.0.3:5432: Address in use (os error 98)' >> "$logs/$name.log"
+            else
+                printf '%s\n' '2026-12-02T00:00:00.000000000+00:00 stderr F  INFO reloaded: 4 relays, 0 opened, 0 closed' >> "$logs/$name.log"
             fi ;;
         esac
     done ;;
@@ -426,4 +432,44 @@ fn deny_counts_the_policy_a_refused_reload_left_in_force() {
         out.contains(&format!("`evil.example` is still allowed in session {ID}")),
         "{out}"
     );
+}
+
+/// The forwarder could not open a new relay (a process in the sandbox holds its address): the router
+/// took the policy, but `allow` must not say "applied", because the new name's address has no relay
+/// (an auditor: only the router's verdict was read, so this printed "applied in N ms").
+#[test]
+fn allow_reports_a_forwarder_that_refused_the_new_relays() {
+    let live = Live::new("fwdrefuse", "api.anthropic.com\n");
+    fs::write(live.root.join("logs/forwarder-refuse"), "").unwrap();
+    let o = live.run(&["allow", "--session", ID, "db.example:5432"]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(!out.contains("applied in"), "{out}");
+    assert!(out.contains("NOT applied"), "{out}");
+    assert!(
+        out.contains("the forwarder refused the new relays and keeps the old ones: cannot listen on 127.0.0.3:5432"),
+        "{out}"
+    );
+    assert!(out.contains("`agent-sandbox reload` tries again"), "{out}");
+    // Once the address is free, the same change goes through.
+    fs::remove_file(live.root.join("logs/forwarder-refuse")).unwrap();
+    let o = live.run(&["reload"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("applied in"), "{}", text(&o));
+}
+
+/// `allow` before the first session: there is no allowlist file yet, so it starts one from the
+/// default, as a session start does, and adds the entry to it (an auditor: it failed with "cannot
+/// read allowlist").
+#[test]
+fn allow_before_any_allowlist_starts_one_from_the_default() {
+    let live = Live::new("nofile", "api.anthropic.com\n");
+    fs::remove_file(live.allowlist()).unwrap();
+    let o = live.run(&["allow", "extra.example"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("no allowlist yet: created"), "{out}");
+    let file = live.file();
+    assert!(file.contains("@anthropic"), "{file}");
+    assert!(file.trim_end().ends_with("extra.example"), "{file}");
 }

@@ -5,7 +5,7 @@
 //! plus the session's own entries, extended from the addresses it has handed out
 //! ([`SessionPlan::extend`]), replacing the router's and the forwarder's files in the session directory
 //! ([`files`]) and sending both SIGHUP through podman; the router's log then says whether it took the
-//! new policy (its reload is whole or nothing).
+//! new policy, and the forwarder's whether it opened the new relays (each reload is whole or nothing).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -20,7 +20,8 @@ use crate::podman::json::Container;
 use crate::podman::{args, Podman, LABEL_SESSION};
 use crate::session::rundir::session_dir;
 
-/// How long the router has to log the outcome of a reload before `allow` reports it as unknown.
+/// How long the router and the forwarder each have to log the outcome of a reload before `allow`
+/// reports it as unknown.
 const RELOAD_CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One running session.
@@ -121,7 +122,8 @@ pub fn session_allowlist(
 pub struct Applied {
     /// Entries in force after it (hosts, wildcards and host:port entries).
     pub entries: usize,
-    /// From the start of the change to the router's log line saying it took the new policy.
+    /// From the start of the change to the later of the router's and the forwarder's log lines
+    /// saying they took it.
     pub took: Duration,
 }
 
@@ -148,8 +150,8 @@ fn prepare(s: &Running, list: &Allowlist) -> anyhow::Result<usize> {
 
 /// Applies each policy to its session: every session's files written, then one `podman kill --signal
 /// HUP` for all their routers and forwarders (one podman process, not two per session: podman's lock
-/// makes parallel ones wait for each other), then each router's verdict read from its log, in
-/// parallel. One outcome per session, in order.
+/// makes parallel ones wait for each other), then each router's and forwarder's verdict read from
+/// their logs, in parallel. One outcome per session, in order.
 pub fn apply_all(
     podman: &Podman,
     targets: &[(&Running, Allowlist)],
@@ -160,16 +162,19 @@ pub fn apply_all(
         .map_or(0.0, |d| d.as_secs_f64());
     let mut outcomes: Vec<anyhow::Result<usize>> =
         targets.iter().map(|(s, list)| prepare(s, list)).collect();
-    // Where each router's log ends now: its verdict is read from there on, straight from the file
-    // (polling `podman logs` costs a podman process per look).
-    let marks: Vec<Option<LogMark>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = targets
+    // Where each router's and forwarder's log ends now: their verdicts are read from there on,
+    // straight from the files (polling `podman logs` costs a podman process per look).
+    let marks: Vec<[Option<LogMark>; 2]> = std::thread::scope(|scope| {
+        let handles: Vec<[_; 2]> = targets
             .iter()
-            .map(|(s, _)| scope.spawn(|| LogMark::now(podman, s)))
+            .map(|(s, _)| {
+                [Reloader::Router, Reloader::Forwarder]
+                    .map(|whose| scope.spawn(move || LogMark::now(podman, s, whose)))
+            })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .map(|pair| pair.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
             .collect()
     });
     let names: Vec<&str> = targets
@@ -199,15 +204,27 @@ pub fn apply_all(
             .iter()
             .zip(outcomes)
             .zip(marks)
-            .map(|(((s, _), o), mark)| {
+            .map(|(((s, _), o), [router_mark, forwarder_mark])| {
                 scope.spawn(move || {
                     let entries = o?;
-                    match mark {
-                        Some(mark) => mark.wait_reloaded(&s.router)?,
-                        None => wait_reloaded(podman, &s.router, since)?,
+                    match router_mark {
+                        Some(mark) => mark.wait_reloaded(Reloader::Router, &s.router)?,
+                        None => wait_reloaded(podman, Reloader::Router, &s.router, since)?,
                     }
                     // Confirmed: what was written is what the router holds.
                     let _ = files::record_in_force(&s.dir);
+                    // The router decides; the forwarder only opens (or closes) the loopback relays to
+                    // it. A new name on a new address works only once its relays are open, and a
+                    // process in the sandbox can hold that address first: say so, never "applied".
+                    match forwarder_mark {
+                        Some(mark) => mark.wait_reloaded(Reloader::Forwarder, &s.forwarder),
+                        None => wait_reloaded(podman, Reloader::Forwarder, &s.forwarder, since),
+                    }
+                    .context(
+                        "the router took the new policy, but the forwarder in the sandbox's pod did \
+                         not open the new loopback relays (a process in the sandbox may be listening \
+                         on one of their addresses; `agent-sandbox reload` tries again)",
+                    )?;
                     Ok(Applied {
                         entries,
                         took: started.elapsed(),
@@ -222,7 +239,65 @@ pub fn apply_all(
     })
 }
 
-/// A point in a router's log file: its k8s-file log on the host, and the length it had.
+/// A container whose reload the launcher waits for, and how its log says the outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reloader {
+    /// The router: JSON lines, "reload succeeded" or "reload error" lines then "reload failed".
+    Router,
+    /// The forwarder: plain lines, "reloaded: ..." or "reload refused, relays unchanged: ...".
+    Forwarder,
+}
+
+impl Reloader {
+    /// What it is called in messages.
+    fn what(self) -> &'static str {
+        match self {
+            Reloader::Router => "the router",
+            Reloader::Forwarder => "the forwarder",
+        }
+    }
+
+    /// The session file caching its log path (podman is asked once per session).
+    fn log_path_file(self) -> &'static str {
+        match self {
+            Reloader::Router => "router-log-path",
+            Reloader::Forwarder => "forwarder-log-path",
+        }
+    }
+
+    /// The outcome of the first reload in `log` (its messages, one per line), if any yet.
+    fn verdict(self, log: &str) -> Option<Result<(), Vec<String>>> {
+        match self {
+            Reloader::Router => reload_verdict(log),
+            Reloader::Forwarder => forwarder_verdict(log),
+        }
+    }
+
+    /// The error for a refused reload.
+    fn refused(self, errors: &[String]) -> anyhow::Error {
+        match self {
+            Reloader::Router => anyhow::anyhow!(
+                "the router refused the new policy and keeps the old one: {}",
+                errors.join("; ")
+            ),
+            Reloader::Forwarder => anyhow::anyhow!(
+                "the forwarder refused the new relays and keeps the old ones: {}",
+                errors.join("; ")
+            ),
+        }
+    }
+
+    /// The error for a reload not confirmed in time.
+    fn unconfirmed(self, container: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{} did not confirm the reload within {RELOAD_CONFIRM_TIMEOUT:?} (see `podman logs {container}`)",
+            self.what()
+        )
+    }
+}
+
+/// A point in a router's or forwarder's log file: its k8s-file log on the host, and the length it
+/// had.
 struct LogMark {
     /// The log file.
     path: PathBuf,
@@ -230,18 +305,19 @@ struct LogMark {
     offset: u64,
 }
 
-/// A session file caching the router's log path (podman is asked once per session).
-const LOG_PATH_FILE: &str = "router-log-path";
-
 impl LogMark {
-    /// The router log's current end, or `None` when its path cannot be had (then `podman logs` is
-    /// polled instead).
-    fn now(podman: &Podman, s: &Running) -> Option<LogMark> {
-        let cache = s.dir.join(LOG_PATH_FILE);
+    /// The log's current end, or `None` when its path cannot be had (then `podman logs` is polled
+    /// instead).
+    fn now(podman: &Podman, s: &Running, whose: Reloader) -> Option<LogMark> {
+        let container = match whose {
+            Reloader::Router => &s.router,
+            Reloader::Forwarder => &s.forwarder,
+        };
+        let cache = s.dir.join(whose.log_path_file());
         let path = match std::fs::read_to_string(&cache) {
             Ok(p) if !p.trim().is_empty() => PathBuf::from(p.trim()),
             _ => {
-                let p = podman.run(&args::log_path(&s.router)).ok()?;
+                let p = podman.run(&args::log_path(container)).ok()?;
                 let p = PathBuf::from(p.trim());
                 if !p.is_absolute() {
                     return None;
@@ -260,7 +336,7 @@ impl LogMark {
     }
 
     /// Polls the log from the mark for the reload verdict.
-    fn wait_reloaded(&self, router: &str) -> anyhow::Result<()> {
+    fn wait_reloaded(&self, whose: Reloader, container: &str) -> anyhow::Result<()> {
         use std::io::{Read as _, Seek as _};
         let deadline = Instant::now() + RELOAD_CONFIRM_TIMEOUT;
         loop {
@@ -279,43 +355,61 @@ impl LogMark {
                 .filter_map(|l| l.splitn(4, ' ').nth(3))
                 .map(|m| format!("{m}\n"))
                 .collect();
-            match reload_verdict(&messages) {
+            match whose.verdict(&messages) {
                 Some(Ok(())) => return Ok(()),
-                Some(Err(errors)) => bail!(
-                    "the router refused the new policy and keeps the old one: {}",
-                    errors.join("; ")
-                ),
-                None if Instant::now() >= deadline => bail!(
-                    "the router did not confirm the reload within {RELOAD_CONFIRM_TIMEOUT:?} (see `podman logs {router}`)"
-                ),
+                Some(Err(errors)) => return Err(whose.refused(&errors)),
+                None if Instant::now() >= deadline => return Err(whose.unconfirmed(container)),
                 None => std::thread::sleep(Duration::from_millis(5)),
             }
         }
     }
 }
 
-/// The most of a router log read for a verdict: refusals may pile up there meanwhile.
+/// The most of a log read for a verdict: the router's refusals may pile up there meanwhile.
 const MAX_VERDICT_READ: u64 = 16 * 1024 * 1024;
 
-/// Polls the router's log from `since` for its reload verdict.
-fn wait_reloaded(podman: &Podman, router: &str, since: f64) -> anyhow::Result<()> {
+/// Polls a container's log from `since` for its reload verdict.
+fn wait_reloaded(
+    podman: &Podman,
+    whose: Reloader,
+    container: &str,
+    since: f64,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + RELOAD_CONFIRM_TIMEOUT;
     loop {
-        let out = podman.output(&args::logs_since(router, since, false))?;
+        let out = podman.output(&args::logs_since(container, since, false))?;
         let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.push_str(&String::from_utf8_lossy(&out.stderr));
-        match reload_verdict(&log) {
+        match whose.verdict(&log) {
             Some(Ok(())) => return Ok(()),
-            Some(Err(errors)) => bail!(
-                "the router refused the new policy and keeps the old one: {}",
-                errors.join("; ")
-            ),
-            None if Instant::now() >= deadline => bail!(
-                "the router did not confirm the reload within {RELOAD_CONFIRM_TIMEOUT:?} (see `podman logs {router}`)"
-            ),
+            Some(Err(errors)) => return Err(whose.refused(&errors)),
+            None if Instant::now() >= deadline => return Err(whose.unconfirmed(container)),
             None => std::thread::sleep(Duration::from_millis(20)),
         }
     }
+}
+
+/// The outcome of the first reload in a forwarder log (`LEVEL message` lines): `Ok` once it logged
+/// `reloaded: ...`, its error when it logged that it refused the new relays, `None` before either.
+/// The forwarder logs nothing a client chooses (connections only as addresses, at debug).
+fn forwarder_verdict(log: &str) -> Option<Result<(), Vec<String>>> {
+    for line in log.lines() {
+        let Some((_level, message)) = line.trim_start().split_once(' ') else {
+            continue;
+        };
+        let message = message.trim_start();
+        if message.starts_with("reloaded: ") {
+            return Some(Ok(()));
+        }
+        let unprefixed = message.strip_prefix("SIGHUP: ").unwrap_or(message);
+        if let Some(error) = unprefixed.strip_prefix("reload refused, relays unchanged: ") {
+            return Some(Err(vec![error.to_owned()]));
+        }
+        if unprefixed.starts_with("no --relays file") {
+            return Some(Err(vec![unprefixed.to_owned()]));
+        }
+    }
+    None
 }
 
 /// The outcome of the first reload in a router log: `Ok` on success, its error lines on failure,
@@ -409,6 +503,29 @@ mod tests {
         // A client's name in a refusal cannot pass for a verdict: only the message and result fields count.
         let spoof = r#"{"fields":{"message":"refused","name":"reload succeeded","result":"x"}}"#;
         assert_eq!(reload_verdict(spoof), None);
+    }
+
+    #[test]
+    fn reload_verdicts_from_forwarder_logs() {
+        let ok = " INFO listening on 127.0.0.4:443 to=10.0.0.2:443\n INFO reloaded: 6 relays, 2 opened, 0 closed\n";
+        assert_eq!(forwarder_verdict(ok), Some(Ok(())));
+        let refused = " INFO ready: 2 relays\nERROR reload refused, relays unchanged: cannot listen on 127.0.0.4:5432: Address in use (os error 98)\n";
+        assert_eq!(
+            forwarder_verdict(refused),
+            Some(Err(vec![
+                "cannot listen on 127.0.0.4:5432: Address in use (os error 98)".to_owned()
+            ]))
+        );
+        let unreadable = "ERROR SIGHUP: reload refused, relays unchanged: cannot read /etc/agent-sandbox-forwarder/relays: x\n";
+        assert!(matches!(forwarder_verdict(unreadable), Some(Err(_))));
+        // Only the first outcome counts; lines before it that are neither say nothing.
+        assert_eq!(
+            forwarder_verdict(
+                " INFO closed 127.0.0.3:80: no longer relayed (open connections go on)\n"
+            ),
+            None
+        );
+        assert_eq!(forwarder_verdict(""), None);
     }
 
     #[test]
