@@ -297,6 +297,8 @@ fn report_results(
 pub fn allow_file(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow::Result<()> {
     let entries = edit::validate_args(entries)?;
     let path = &settings.allowlist;
+    // Before the first session there is no file yet: start it from the default, as a session does.
+    crate::session::ensure_allowlist(path)?;
     let text = read_allowlist(path)?;
     let (new_text, added) = edit::append(&text, &entries, &edit::utc_date(now_secs()));
     let name = path.display().to_string();

@@ -270,7 +270,7 @@ fn identity(project: &Path) -> workdir::Identity {
 }
 
 /// Copies the default allowlist to `path` if nothing is there, and says so.
-fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
     if fs::symlink_metadata(path).is_ok() {
         return Ok(());
     }

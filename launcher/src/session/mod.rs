@@ -17,6 +17,7 @@
 //! Every failure is a [`SessionError`] that says which step it stopped.
 
 mod checks;
+pub(crate) use checks::ensure_allowlist;
 mod cleanup;
 mod command;
 mod doctor_home;
