@@ -54,8 +54,7 @@ pub struct Check {
     pub status: Status,
     /// What was found, or what was tried and what happened.
     pub detail: String,
-    /// The one thing to do, for every failure and warning.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The one thing to do, for every failure and warning (`null` in JSON for the others).
     pub fix: Option<String>,
 }
 
@@ -119,13 +118,26 @@ impl Report {
     /// the probe printed inside the sandbox, which the agent may have run before, and the
     /// prerequisites' details quote podman; no escape sequence of theirs may reach the user's screen.
     /// The fix is always the launcher's own words.
+    ///
+    /// A prerequisite's detail may hold several lines (an invalid allowlist's errors, one per line):
+    /// each is printed on its own line, indented under the detail column. A containment check's
+    /// detail never is: the sandbox chose it, and a line of its own could pass for another check.
     #[must_use]
     pub fn line(check: &Check) -> String {
+        let detail = match check.section {
+            Section::Prerequisites => check
+                .detail
+                .lines()
+                .map(escape)
+                .collect::<Vec<_>>()
+                .join(&format!("\n{:27}", "")),
+            Section::Containment => escape(&check.detail),
+        };
         let mut out = format!(
             "  {} {:<22} {}\n",
             check.status.mark(),
             escape(&check.name),
-            escape(&check.detail)
+            detail
         );
         if let Some(fix) = &check.fix {
             let _ = writeln!(out, "      → {fix}");
@@ -192,8 +204,45 @@ mod tests {
         assert_eq!(json["passed"], false);
         assert_eq!(json["checks"][1]["status"], "warn");
         assert_eq!(json["checks"][0]["section"], "prerequisites");
-        assert!(json["checks"][0].get("fix").is_none());
+        // Every check has every field: `fix` is null where there is nothing to do.
+        assert!(json["checks"][0]["fix"].is_null());
+        assert!(json["checks"][0].get("fix").is_some());
         assert_eq!(json["checks"][3]["fix"], "x");
+    }
+
+    /// An invalid allowlist's errors, one per line, are printed one per line (an auditor saw them
+    /// joined by literal `\x0a`); a containment detail's newline stays escaped.
+    #[test]
+    fn a_prerequisites_detail_of_several_lines_keeps_its_lines() {
+        let errors = "2 invalid entries in allowlist /h/allowed-hosts:\n  /h/allowed-hosts:11: `10.0.0.1`: no\n  /h/allowed-hosts:12: `@bad\u{1b}`: no";
+        let check = Check::bad(
+            Section::Prerequisites,
+            Status::Fail,
+            "allowlist",
+            errors,
+            "edit it",
+        );
+        let line = Report::line(&check);
+        let lines: Vec<&str> = line.lines().collect();
+        assert_eq!(lines.len(), 4, "{line}");
+        assert_eq!(
+            lines[0],
+            "  ✗ allowlist              2 invalid entries in allowlist /h/allowed-hosts:"
+        );
+        assert_eq!(
+            lines[1],
+            format!("{:27}  /h/allowed-hosts:11: `10.0.0.1`: no", "")
+        );
+        assert!(lines[2].ends_with("`@bad\\x1b`: no"), "{line}");
+        assert!(!line.contains("\\x0a"), "{line}");
+        let forged = Check::bad(
+            Section::Containment,
+            Status::Fail,
+            "caps",
+            "x\n  ✓ caps ok",
+            "y",
+        );
+        assert_eq!(Report::line(&forged).lines().count(), 2);
     }
 
     #[test]

@@ -683,6 +683,9 @@ fn spec(
         Ok(addresses) => {
             for a in addresses {
                 spec.tcp.push(("upstream".into(), a.to_string(), 443));
+                // UDP too (issue 16: "UDP to those addresses gets nowhere"): a DNS question, which
+                // passes only if nothing answers, as for the router's egress side and the gateway.
+                spec.dns.push(("upstream".into(), a.to_string(), 53));
             }
         }
         Err(why) => extra.push(Check::skip(

@@ -183,6 +183,7 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     );
     for want in [
         format!("tcp-upstream-{upstream}"),
+        format!("dns-upstream-{upstream}"),
         format!("nested-tcp-upstream-{upstream}"),
     ] {
         if want.starts_with("nested-") && s.mode.rootful() {
