@@ -29,6 +29,10 @@ const DOMAINS: &[&str] = &[
     "sentry.io",
 ];
 
+/// Names outside [`DOMAINS`] that Claude Code was seen to look up when it starts (issue 14's trial):
+/// each must be decided on too, wherever the grep finds it.
+const SEEN_AT_START: &[&str] = &["raw.githubusercontent.com"];
+
 /// Runs the scenario, recording its checks.
 pub(crate) fn run(s: &mut Suite<'_>) {
     let mode = s.mode.clone();
@@ -78,9 +82,11 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    let undecided: Vec<&String> = named
+    let undecided: Vec<&str> = named
         .iter()
-        .filter(|n| !group.contains(n.as_str()) && !ignored.contains(n.as_str()))
+        .map(String::as_str)
+        .chain(SEEN_AT_START.iter().copied())
+        .filter(|n| !group.contains(n) && !ignored.contains(n))
         .collect();
     s.checks.check(
         undecided.is_empty(),
