@@ -69,6 +69,9 @@ router-image: ## the router image (ROUTER_IMAGE=localhost/agent-sandbox-router:d
 	AGENT_SANDBOX_ROUTER_IMAGE=$(ROUTER_IMAGE) target/release/agent-sandbox --build-images=router
 
 image-test: router-image ## run the router and the forwarder from the image (rootful podman)
+	@size=$$(stat -c %s $(STATIC_FORWARDER)); \
+	if [ "$$size" -ge 1500000 ]; then echo "the static forwarder is $$size bytes: over its 1.5 MB budget (issue 5)" >&2; exit 1; fi; \
+	echo "the static forwarder: $$size bytes (budget 1,500,000)"
 	AGENT_SANDBOX_ROUTER_IMAGE=$(ROUTER_IMAGE) $(CARGO) test --locked -p agent-sandbox-forwarder --test image -- --ignored
 
 bench-forwarder: router-image ## the shipped forwarder vs socat on loopback: connections/s, MB/s (about 25 s)
@@ -129,9 +132,18 @@ release-images: ## build both images tagged for REGISTRY at VERSION (pushing is 
 patch minor major: ## bump the version (Cargo.toml, Cargo.lock, spec), commit and tag vX.Y.Z
 	packaging/bump-version.sh $@
 
+# pre-commit from PyPI, in a venv of its own (Debian's system Python refuses pip installs), unless the
+# machine has it already.
+PRE_COMMIT_VENV := target/pre-commit-venv
+
+$(PRE_COMMIT_VENV)/.installed:
+	python3 -m venv $(PRE_COMMIT_VENV)
+	$(PRE_COMMIT_VENV)/bin/pip install --quiet --disable-pip-version-check pre-commit
+	touch $@
+
 pre-commit: ## run the repository's pre-commit hooks on all files (pre-commit from PyPI)
-	command -v pre-commit >/dev/null || python3 -m pip install --quiet pre-commit
-	pre-commit run --all-files
+	@if command -v pre-commit >/dev/null; then pre-commit run --all-files; \
+	else $(MAKE) --no-print-directory $(PRE_COMMIT_VENV)/.installed && $(PRE_COMMIT_VENV)/bin/pre-commit run --all-files; fi
 
 bench: ## the benchmark suite (root): router vs dnsmasq/nginx, forwarder vs socat -> BENCHMARKS.md
 	benches/run.sh
