@@ -58,7 +58,9 @@ pub enum EntryError {
     #[error("an allowlist holds host names, not IP addresses: the sandbox only reaches what the router can route by name (SNI, Host header or a named host:port entry)")]
     IpAddress,
     /// `*.example.com`.
-    #[error("wildcards are written with a leading dot: write `{0}` for the domain and all its subdomains")]
+    #[error(
+        "wildcards are written with a leading dot: write {0} for the domain and all its subdomains"
+    )]
     StarWildcard(String),
     /// `.example.com:22`.
     #[error("a port entry needs one exact host (e.g. `db.example.com:{0}`), not a wildcard")]
@@ -297,7 +299,8 @@ impl Allowlist {
 
 impl fmt::Display for Warning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: `{}`: {}", self.line, self.text, self.message)
+        // `FILE:` goes in front, as for errors: `FILE:LINE: `TEXT`: MESSAGE`.
+        write!(f, "{}: `{}`: {}", self.line, self.text, self.message)
     }
 }
 
@@ -326,6 +329,11 @@ pub fn parse_entry(content: &str) -> Result<Entry, EntryError> {
         return Err(EntryError::IpAddress);
     }
     if let Some(rest) = content.strip_prefix("*.") {
+        // `*.example.com:22` is a wildcard with a port: advising `.example.com:22` would advise
+        // another invalid line.
+        if let Some((_, port)) = rest.rsplit_once(':') {
+            return Err(EntryError::WildcardPort(parse_port(port)?));
+        }
         return Err(EntryError::StarWildcard(format!(".{rest}")));
     }
     let (host, port) = match content.rsplit_once(':') {
@@ -470,8 +478,10 @@ db.example.com:5432
             ("::1", "not IP addresses"),
             ("[2001:db8::1]:443", "not IP addresses"),
             ("[2001:db8::1]", "not IP addresses"),
-            ("*.example.com", "write `.example.com`"),
+            ("*.example.com", "write .example.com for the domain"),
             (".example.com:22", "a port entry needs one exact host"),
+            ("*.example.com:22", "a port entry needs one exact host"),
+            ("*.example.com:0", "port 0"),
             ("db.example.com:0", "port 0"),
             ("db.example.com:65536", "over 65535"),
             ("db.example.com:ssh", "not a number"),
@@ -527,6 +537,12 @@ db.example.com:5432
         let lines: Vec<usize> = list.warnings().iter().map(|w| w.line).collect();
         assert_eq!(lines, [2, 4, 5, 6, 8]);
         assert!(list.warnings()[0].message.contains("duplicate"));
+        // Shown after the file's path as errors are: `FILE:LINE: `TEXT`: MESSAGE`.
+        assert!(
+            list.warnings()[0].to_string().starts_with("2: `A.com.`: "),
+            "{}",
+            list.warnings()[0]
+        );
         assert!(list.warnings()[1]
             .message
             .contains("covered by `.example.com`"));

@@ -381,7 +381,7 @@ mod tests {
                 &["a.com", "1.2.3.4"],
                 Some("the command line:2: `1.2.3.4`: an allowlist holds host names"),
             ),
-            (&["*.x.com"], Some("write `.x.com`")),
+            (&["*.x.com"], Some("write .x.com for")),
             (&["@nope"], Some("unknown group `@nope`")),
             (&["a.com # hidden"], Some("the command line:1")),
             (&["a.com\nb.com"], Some("the command line:1")),
