@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agent_sandbox_shared::config::{ForwardConfig, RouterConfig};
+use agent_sandbox_shared::config::{ConfigError, ForwardConfig, RouterConfig, ValidConfig};
 use agent_sandbox_shared::{Allowlist, Entry, HostName, Policy};
 use clap::{Parser, ValueEnum};
 use tracing::warn;
@@ -200,6 +200,19 @@ pub struct Built {
     /// The files read (`--config`, `--allowlist`), each with the fingerprint of the very content the
     /// configuration was built from: what their watches compare against.
     pub read: Vec<(PathBuf, Fingerprint)>,
+    /// The `--config` file and its text, to name its lines in validation errors.
+    pub config_file: Option<(PathBuf, String)>,
+}
+
+impl Built {
+    /// Validates the merged configuration; with `--config`, each problem names the file and the line
+    /// that holds the value it is about.
+    pub fn validate(&self) -> Result<ValidConfig, ConfigError> {
+        self.config.validate().map_err(|e| match &self.config_file {
+            Some((path, text)) => e.in_file(path, text),
+            None => e,
+        })
+    }
 }
 
 impl Cli {
@@ -230,10 +243,7 @@ impl Cli {
             for w in &built.warnings {
                 warn!("allowlist: {w}");
             }
-            let config = built
-                .config
-                .validate()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let config = built.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
             Ok(Loaded {
                 config,
                 read: built.read,
@@ -244,13 +254,16 @@ impl Cli {
     fn build(&self, strict: bool) -> Result<Built, BuildError> {
         let mut warnings = Vec::new();
         let mut read = Vec::new();
+        let mut config_file = None;
         // Each file is read once: the configuration is built from those bytes, and their fingerprint is
         // what the file's watch compares against.
         let mut config = match &self.config {
             Some(path) => {
                 let bytes = RouterConfig::read(path)?;
                 read.push((path.clone(), Fingerprint::of_bytes(&bytes)));
-                RouterConfig::parse_file(path, &bytes)?
+                let parsed = RouterConfig::parse_file(path, &bytes)?;
+                config_file = Some((path.clone(), String::from_utf8_lossy(&bytes).into_owned()));
+                parsed
             }
             None => {
                 if self.allowlist.is_none() {
@@ -352,6 +365,7 @@ impl Cli {
             config,
             warnings,
             read,
+            config_file,
         })
     }
 }

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     for w in &built.warnings {
         warn!("allowlist: {w}");
     }
-    let config = match built.config.validate() {
+    let config = match built.validate() {
         Ok(c) => c,
         Err(e) => {
             say(&format!("agent-sandbox-router: {e}"));

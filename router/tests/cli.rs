@@ -85,7 +85,10 @@ fn bad_allowlist_exits_1_with_every_error_and_its_line() {
             "line {line} missing:\n{stderr}"
         );
     }
-    assert!(stderr.contains("write `.example.com`"), "{stderr}");
+    assert!(
+        stderr.contains("write .example.com for the domain"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -231,6 +234,47 @@ fn bad_config_file_exits_1() {
     let missing = router(&["--config", "/nonexistent/router.toml", "--check"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(text(&missing).1.contains("/nonexistent/router.toml"));
+}
+
+/// A configuration that parses but does not validate: every problem is listed with the file and the
+/// line that holds it (issue 3: "print every error with file and line"; an auditor found the file and
+/// lines missing from these, where TOML syntax errors had them).
+#[test]
+fn invalid_config_values_name_the_file_and_line() {
+    use agent_sandbox_shared::config::RouterConfig;
+    use agent_sandbox_shared::{Allowlist, Policy};
+    let dir = temp_dir("cli");
+    let list = Allowlist::parse("ok.example\n", "t").unwrap();
+    let mut config =
+        RouterConfig::from_policy(&Policy::new(&list), std::net::Ipv4Addr::new(192, 0, 2, 1));
+    config.hosts.push("1.2.3.4".into());
+    config.max_connections = 0;
+    let toml = config.to_toml();
+    let lines: Vec<&str> = toml.lines().collect();
+    let line_of = |needle: &str| lines.iter().position(|l| l.contains(needle)).unwrap() + 1;
+    let cfg = write_file(&dir, "router.toml", &toml);
+    let out = router(&["--config", cfg.to_str().unwrap(), "--check"]);
+    let (_, stderr) = text(&out);
+    let path = cfg.display().to_string();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("router configuration {path} is not valid")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{path}:{}: hosts entry `1.2.3.4`",
+            line_of("\"1.2.3.4\"")
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{path}:{}: max_connections is 0",
+            line_of("max_connections =")
+        )),
+        "{stderr}"
+    );
 }
 
 /// The body of the router's answer to a request for a name not on the allowlist.

@@ -185,6 +185,66 @@ pub enum ConfigError {
     /// The content parses but does not make sense; every problem is listed.
     #[error("router configuration is not valid:\n  {}", .0.join("\n  "))]
     Invalid(Vec<String>),
+    /// [`ConfigError::Invalid`] for a configuration read from a file ([`ConfigError::in_file`]):
+    /// each problem as `FILE:LINE: problem`, or `FILE: problem` where no one line holds it (a value
+    /// that came from a flag, a default, or several lines).
+    #[error("router configuration {path} is not valid:\n  {}", .problems.join("\n  "))]
+    InvalidFile {
+        /// The file.
+        path: PathBuf,
+        /// Every problem, each with its file and line.
+        problems: Vec<String>,
+    },
+}
+
+impl ConfigError {
+    /// Names the configuration file `path` (whose text is `text`) in an [`ConfigError::Invalid`]'s
+    /// problems, each with the first line of `text` that holds what it names: the quoted value in
+    /// backquotes (`hosts entry `x``), or the key a bound applies to (`max_connections is 0`).
+    /// Other errors are returned unchanged (they name their file already).
+    #[must_use]
+    pub fn in_file(self, path: &Path, text: &str) -> ConfigError {
+        let ConfigError::Invalid(problems) = self else {
+            return self;
+        };
+        let problems = problems
+            .into_iter()
+            .map(|problem| match problem_line(&problem, text) {
+                Some(line) => format!("{}:{line}: {problem}", path.display()),
+                None => format!("{}: {problem}", path.display()),
+            })
+            .collect();
+        ConfigError::InvalidFile {
+            path: path.to_owned(),
+            problems,
+        }
+    }
+}
+
+/// The first line (1-based) of a configuration's TOML `text` that holds what `problem` names: a
+/// backquoted value as a TOML string (`"value"`), or a bounded key (`key is N; ...`) as `key =`.
+fn problem_line(problem: &str, text: &str) -> Option<usize> {
+    let quoted = problem
+        .split_once('`')
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(value, _)| format!("\"{value}\""));
+    let key = problem
+        .split_once(" is ")
+        .map(|(key, _)| key.rsplit('.').next().unwrap_or(key))
+        .filter(|key| key.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+    text.lines()
+        .position(|line| {
+            let line = line.split_once('#').map_or(line, |(code, _)| code);
+            match (&quoted, key) {
+                (Some(quoted), _) => line.contains(quoted.as_str()),
+                (None, Some(key)) => line
+                    .trim_start()
+                    .strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('=')),
+                (None, None) => false,
+            }
+        })
+        .map(|i| i + 1)
 }
 
 /// A validated configuration, typed for the router's run time: nothing downstream reads the TOML numbers.
