@@ -112,6 +112,7 @@ async fn real_binary_json_log_contract() {
         "listener",
         "name",
         "decision",
+        "reason",
         "upstream",
         "bytes_up",
         "bytes_down",
@@ -120,6 +121,9 @@ async fn real_binary_json_log_contract() {
         assert!(conn.get(field).is_some(), "{field} missing in {conn}");
     }
     assert_eq!(conn["decision"], "refused");
+    // The connection line says why on its own (issue 4: "decision and reason"), so a refusal folded
+    // into a later `refused` summary still has its reason at once.
+    assert_eq!(conn["reason"], "not on the allowlist");
 
     // SIGTERM with the allowed relay still open: out within a second.
     let start = Instant::now();

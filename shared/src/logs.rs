@@ -14,8 +14,8 @@
 //!   reason) at once and folds repeats within a few seconds into one later line with their count, so
 //!   readers that count refusals must sum [`COUNT`].
 //! - [`CONNECTION`]: one when a TCP connection ends, however it ends, with [`CLIENT`], [`LISTENER`],
-//!   [`NAME`], [`DECISION`], [`UPSTREAM`], [`BYTES_UP`], [`BYTES_DOWN`], [`DURATION_MS`]. A connection
-//!   whose TLS the router terminated to add a credential (issue 20) ends [`Decision::Terminated`] (or
+//!   [`NAME`], [`DECISION`], [`REASON`] (empty unless refused or failed), [`UPSTREAM`], [`BYTES_UP`],
+//!   [`BYTES_DOWN`], [`DURATION_MS`]. A connection whose TLS the router terminated to add a credential (issue 20) ends [`Decision::Terminated`] (or
 //!   [`Decision::UpstreamError`]).
 //! - [`REQUEST`]: one per request on a terminated connection, with [`CLIENT`], [`NAME`] and
 //!   [`CREDENTIAL`] (a [`Credential`]: which credential the router put in; never its value).
@@ -42,7 +42,8 @@ pub const MESSAGE: &str = "message";
 pub const KIND: &str = "kind";
 /// The name the client asked for (escaped), or the decided name.
 pub const NAME: &str = "name";
-/// Why a request was refused.
+/// Why a request was refused; on a [`CONNECTION`] line, why the connection was refused or failed
+/// (empty when it was allowed).
 pub const REASON: &str = "reason";
 /// The client's address.
 pub const CLIENT: &str = "client";

@@ -37,6 +37,8 @@ pub(crate) struct ConnLog {
     name: Mutex<String>,
     /// How the connection ends, as far as it got.
     decision: Mutex<Decision>,
+    /// Why it was refused or failed (the refusal's reason, the upstream's error); empty otherwise.
+    reason: Mutex<String>,
     /// The upstream address dialled, once one answered.
     upstream: Mutex<Option<SocketAddr>>,
     /// Bytes relayed client → upstream (the relay adds to it directly).
@@ -68,6 +70,7 @@ impl ConnLog {
             start: Instant::now(),
             name: Mutex::new(String::new()),
             decision: Mutex::new(Decision::Cancelled),
+            reason: Mutex::new(String::new()),
             upstream: Mutex::new(None),
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
@@ -85,6 +88,13 @@ impl ConnLog {
     /// Records how the connection ends (so far).
     pub(crate) fn set_decision(&self, d: Decision) {
         *self.decision.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Records why it was refused or failed, for the `connection` line.
+    fn set_reason(&self, reason: &dyn std::fmt::Display) {
+        let mut slot = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        slot.clear();
+        let _ = std::fmt::Write::write_fmt(&mut *slot, format_args!("{reason}"));
     }
 
     /// Records the upstream address dialled.
@@ -129,6 +139,7 @@ impl ConnLog {
         if !name.is_empty() {
             self.set_name(name);
         }
+        self.set_reason(&reason);
         self.set_decision(Decision::Refused);
     }
 
@@ -141,6 +152,7 @@ impl ConnLog {
             { logs::CLIENT } = %self.client,
             "upstream failed"
         );
+        self.set_reason(error);
         self.set_decision(Decision::UpstreamError);
     }
 
@@ -163,6 +175,7 @@ impl Drop for ConnLog {
     fn drop(&mut self) {
         let name = std::mem::take(self.name.get_mut().unwrap_or_else(|e| e.into_inner()));
         let decision = *self.decision.get_mut().unwrap_or_else(|e| e.into_inner());
+        let reason = std::mem::take(self.reason.get_mut().unwrap_or_else(|e| e.into_inner()));
         let upstream = *self.upstream.get_mut().unwrap_or_else(|e| e.into_inner());
         let (up, down) = (*self.bytes_up.get_mut(), *self.bytes_down.get_mut());
         let counted = match decision {
@@ -185,6 +198,7 @@ impl Drop for ConnLog {
             { logs::LISTENER } = self.kind.as_str(),
             { logs::NAME } = %name,
             { logs::DECISION } = decision.as_str(),
+            { logs::REASON } = %reason,
             { logs::UPSTREAM } = %MaybeAddr(upstream),
             { logs::BYTES_UP } = up,
             { logs::BYTES_DOWN } = down,
