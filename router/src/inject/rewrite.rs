@@ -13,13 +13,26 @@
 //!   chunked is refused too);
 //! - a token request's `Content-Length` is set to its rewritten body's length.
 //!
+//! The result stays within the head parser's own caps ([`MAX_HEADERS`] fields, [`MAX_HEAD_LEN`]
+//! bytes): a head at a cap that the added `Accept-Encoding` (or `Content-Length`) would take past it
+//! is refused ([`RewriteError::TooLarge`]) rather than sent on as one the router itself would refuse.
+//!
 //! Anything else that holds a placeholder (another header, a value with more around it, a body) passes
 //! unchanged.
 
 use agent_sandbox_shared::logs::Credential;
 
 use super::oauth_hook::Secret;
-use crate::proxy::http::trim;
+use crate::proxy::http::{trim, MAX_HEADERS, MAX_HEAD_LEN};
+
+/// Why a head cannot be rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RewriteError {
+    /// Not a head the parser accepts (never the case for its output).
+    Unreadable,
+    /// With the router's own fields it would be over the parser's caps: answer 431.
+    TooLarge,
+}
 
 /// What the credential swap may use for one request.
 #[derive(Debug, Clone, Copy)]
@@ -54,12 +67,22 @@ pub(crate) struct Rewritten {
 
 /// Rewrites the complete request head `head` (as accepted by the proxy's head parser) for `swap`;
 /// `bearer` looks up an OAuth access token for a bearer value (called only when `swap.oauth`).
-/// `None`: the head is not what the parser accepts (never the case for its output).
+/// [`RewriteError::Unreadable`]: the head is not what the parser accepts (never the case for its
+/// output); [`RewriteError::TooLarge`]: the result would be over the parser's caps.
 pub(crate) fn rewrite_head(
     head: &[u8],
     swap: Swap<'_>,
     bearer: &mut dyn FnMut(&[u8]) -> Option<Secret>,
-) -> Option<Rewritten> {
+) -> Result<Rewritten, RewriteError> {
+    rewrite(head, swap, bearer).ok_or(RewriteError::Unreadable)?
+}
+
+/// [`rewrite_head`], `None` for an unreadable head.
+fn rewrite(
+    head: &[u8],
+    swap: Swap<'_>,
+    bearer: &mut dyn FnMut(&[u8]) -> Option<Secret>,
+) -> Option<Result<Rewritten, RewriteError>> {
     let mut rest = head;
     // httparse skips empty lines before the request line; so does this (and drops them).
     while let Some(r) = rest.strip_prefix(b"\r\n") {
@@ -136,6 +159,11 @@ pub(crate) fn rewrite_head(
     }
     // No Accept-Encoding would let the upstream pick any coding (RFC 9110, 12.5.3).
     out.extend_from_slice(b"Accept-Encoding: identity\r\n\r\n");
+    // Field lines: every CRLF but the request line's and the final empty line's.
+    let fields = out.windows(2).filter(|w| w == b"\r\n").count() - 2;
+    if fields > MAX_HEADERS || out.len() > MAX_HEAD_LEN {
+        return Some(Err(RewriteError::TooLarge));
+    }
     let credential = if api_key_used {
         Credential::ApiKey
     } else if oauth_used {
@@ -143,7 +171,7 @@ pub(crate) fn rewrite_head(
     } else {
         Credential::None
     };
-    Some(Rewritten {
+    Some(Ok(Rewritten {
         head: out,
         credential,
         oauth_added: oauth_used,
@@ -151,7 +179,7 @@ pub(crate) fn rewrite_head(
         method,
         target,
         content_type,
-    })
+    }))
 }
 
 /// Writes `name: parts…` CRLF.
@@ -215,8 +243,21 @@ pub fn fuzz_rewrite(data: &[u8]) {
         content_length: None,
     };
     let mut bearer = |t: &[u8]| (t == ACCESS).then(|| Secret::new(b"REAL-ACCESS".to_vec()));
-    let r = rewrite_head(&data[..head.len], swap, &mut bearer)
-        .expect("every head the parser accepts can be rewritten");
+    let r = match rewrite_head(&data[..head.len], swap, &mut bearer) {
+        Ok(r) => r,
+        // Only a head at a cap: the added fields take it over.
+        Err(RewriteError::TooLarge) => {
+            let lines = data[..head.len].windows(2).filter(|w| w == b"\r\n").count();
+            assert!(
+                // Two added fields; at most a byte more per swapped field (the fixed key is one
+                // longer than the placeholder) and 64 for the added fields.
+                lines + 2 > MAX_HEADERS || head.len + 64 + MAX_HEADERS > MAX_HEAD_LEN,
+                "a head well within the caps was refused as too large"
+            );
+            return;
+        }
+        Err(RewriteError::Unreadable) => panic!("every head the parser accepts can be rewritten"),
+    };
     // The rewritten head parses to the same request.
     let again = crate::proxy::http::parse_request_head(&r.head)
         .expect("a rewritten head parses")
@@ -243,6 +284,38 @@ mod tests {
     const P: &[u8] = b"sk-ant-api03-placeholder-0000000000";
     const K: &[u8] = b"sk-real";
     const A: &[u8] = b"sk-ant-oat01-placeholder-0000000000";
+
+    /// Found by the `inject_rewrite` fuzz target (an auditor's 30 s run): a head of exactly
+    /// `MAX_HEADERS` fields, which the parser accepts, became one over the cap with the added
+    /// `Accept-Encoding`, and was sent on although the router itself would refuse it.
+    #[test]
+    fn a_head_at_the_field_cap_is_too_large_once_the_routers_field_is_added() {
+        let head = |n: usize| {
+            let fields: String = (1..n).map(|i| format!("X-{i}: y\r\n")).collect();
+            format!("GET / HTTP/1.1\r\nHost: api.anthropic.com\r\n{fields}\r\n")
+        };
+        let swap = Swap {
+            api_key: Some((P, K)),
+            oauth: false,
+            content_length: None,
+        };
+        let at_cap = head(MAX_HEADERS);
+        assert!(crate::proxy::http::parse_request_head(at_cap.as_bytes())
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            rewrite_head(at_cap.as_bytes(), swap, &mut |_| None),
+            Err(RewriteError::TooLarge)
+        );
+        // One fewer leaves room: the result parses again, within the cap.
+        let below = rewrite_head(head(MAX_HEADERS - 1).as_bytes(), swap, &mut |_| None).unwrap();
+        assert!(crate::proxy::http::parse_request_head(&below.head)
+            .unwrap()
+            .is_some());
+        // A client's own Accept-Encoding is replaced, not added to: no room needed for it.
+        let with_ae = head(MAX_HEADERS).replace("X-1: y", "Accept-Encoding: gzip");
+        assert!(rewrite_head(with_ae.as_bytes(), swap, &mut |_| None).is_ok());
+    }
 
     fn run(head: &str, api: bool, oauth: bool) -> Rewritten {
         let mut bearer = |t: &[u8]| (t == A).then(|| Secret::new(b"real-access".to_vec()));

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::oauth_hook::{self, TokenFinish};
-use super::rewrite::{rewrite_head, Rewritten, Swap};
+use super::rewrite::{rewrite_head, RewriteError, Rewritten, Swap};
 use super::scan::Scanner;
 use super::Injector;
 use crate::fairness::{PeekBudgetSpent, PeekCharge};
@@ -266,14 +266,26 @@ impl Terminated<'_> {
                 content_length: None,
             };
             let mut bearer = |t: &[u8]| oauth.and_then(|o| oauth_hook::access_token(o.as_ref(), t));
-            let Some(rewritten) = rewrite_head(&self.buf[..head.len], swap, &mut bearer) else {
-                return self
-                    .refuse(
-                        "400 Bad Request",
-                        "unreadable request head",
-                        RefusalReason::BadRequest,
-                    )
-                    .await;
+            let rewritten = match rewrite_head(&self.buf[..head.len], swap, &mut bearer) {
+                Ok(rewritten) => rewritten,
+                Err(RewriteError::Unreadable) => {
+                    return self
+                        .refuse(
+                            "400 Bad Request",
+                            "unreadable request head",
+                            RefusalReason::BadRequest,
+                        )
+                        .await
+                }
+                Err(RewriteError::TooLarge) => {
+                    return self
+                        .refuse(
+                            "431 Request Header Fields Too Large",
+                            "request head at the router's caps: no room for the fields the router adds (Accept-Encoding)",
+                            RefusalReason::BadRequest,
+                        )
+                        .await
+                }
             };
             if rewritten.both {
                 return self
@@ -605,7 +617,7 @@ impl Terminated<'_> {
             content_length: Some(new_body.len()),
         };
         let original = [rewritten.head.as_slice()].concat();
-        let Some(again) = rewrite_head(&original, swap, &mut |_| None) else {
+        let Ok(again) = rewrite_head(&original, swap, &mut |_| None) else {
             return Err(End);
         };
         self.note_request(Credential::OAuth);

@@ -46,7 +46,7 @@ pub use self::websocket::websocket_accept;
 pub const MAX_HEAD_LEN: usize = 64 * 1024;
 
 /// The most header fields in a head.
-const MAX_HEADERS: usize = 128;
+pub(crate) const MAX_HEADERS: usize = 128;
 
 /// Why a request head is refused; [`HeadError::status`] gives the response.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
