@@ -9,7 +9,9 @@
 //! servers. [`PeekBudget`] bounds the memory that ClientHellos and request heads larger than usual hold
 //! while they are read, over all connections.
 
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher as _;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -266,14 +268,33 @@ pub const BUDGET_WINDOW: Duration = Duration::from_secs(60);
 /// Clients tracked before windows that have ended are swept out.
 const SWEEP_AT: usize = 4096;
 
-/// Names under wildcard entries each client may have resolved per minute (lookups that the resolver
-/// cache did not answer), shared by all workers.
+/// The most names a client's window remembers as already charged: a name asked again within the
+/// window costs nothing while it is remembered, and is charged again past this many distinct names
+/// (fail closed). 2 KiB of hashes per client at most.
+const REMEMBERED_NAMES: usize = 256;
+
+/// Distinct names under wildcard entries each client may have resolved per minute (lookups that
+/// the resolver cache did not answer), shared by all workers. A name that fails to resolve, or
+/// whose answer has a TTL of 0, is looked up again on each connection, but charged once a window.
 #[derive(Debug)]
 pub struct WildcardBudget {
-    /// Lookups allowed per client per window.
+    /// Distinct names allowed per client per window.
     per_window: u32,
-    /// Each client's current window: when it began and how many lookups it has used.
-    used: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    /// Each client's current window.
+    used: Mutex<HashMap<IpAddr, Window>>,
+    /// Keys the names' hashes (random per process: a client cannot choose colliding names).
+    hasher: RandomState,
+}
+
+/// One client's current budget window.
+#[derive(Debug)]
+struct Window {
+    /// When it began.
+    start: Instant,
+    /// Names charged in it.
+    charged: u32,
+    /// The hashes of the names charged in it, up to [`REMEMBERED_NAMES`].
+    names: HashSet<u64>,
 }
 
 impl WildcardBudget {
@@ -283,25 +304,42 @@ impl WildcardBudget {
         Arc::new(WildcardBudget {
             per_window: per_minute,
             used: Mutex::new(HashMap::new()),
+            hasher: RandomState::new(),
         })
     }
 
-    /// Spends one lookup of `client`'s budget at `now`; `false` when the budget is used up.
+    /// Spends `client`'s budget for a lookup of `name` at `now`: nothing if the name was charged in
+    /// the client's current window, else one of its names; `false` when the budget is used up.
     #[must_use]
-    pub fn spend(&self, client: IpAddr, now: Instant) -> bool {
+    pub fn spend(&self, client: IpAddr, name: &str, now: Instant) -> bool {
         let client = canonical(client);
+        let hash = self.hasher.hash_one(name);
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
         if used.len() >= SWEEP_AT {
-            used.retain(|_, (start, _)| now.duration_since(*start) < BUDGET_WINDOW);
+            used.retain(|_, w| now.duration_since(w.start) < BUDGET_WINDOW);
         }
-        let slot = used.entry(client).or_insert((now, 0));
-        if now.duration_since(slot.0) >= BUDGET_WINDOW {
-            *slot = (now, 0);
+        let window = used.entry(client).or_insert_with(|| Window {
+            start: now,
+            charged: 0,
+            names: HashSet::new(),
+        });
+        if now.duration_since(window.start) >= BUDGET_WINDOW {
+            window.start = now;
+            window.charged = 0;
+            window.names.clear();
+            // A window that remembered many names gives their memory back.
+            window.names.shrink_to(16);
         }
-        if slot.1 >= self.per_window {
+        if window.names.contains(&hash) {
+            return true;
+        }
+        if window.charged >= self.per_window {
             return false;
         }
-        slot.1 += 1;
+        window.charged += 1;
+        if window.names.len() < REMEMBERED_NAMES {
+            window.names.insert(hash);
+        }
         true
     }
 }
@@ -364,10 +402,42 @@ mod tests {
         let a: IpAddr = "198.18.0.1".parse().unwrap();
         let b: IpAddr = "198.18.0.2".parse().unwrap();
         let t0 = Instant::now();
-        assert!((0..3).all(|_| budget.spend(a, t0)));
-        assert!(!budget.spend(a, t0 + Duration::from_secs(59)));
-        assert!(budget.spend(b, t0));
-        assert!(budget.spend(a, t0 + Duration::from_secs(60)));
+        assert!(["x.w.test", "y.w.test", "z.w.test"]
+            .iter()
+            .all(|n| budget.spend(a, n, t0)));
+        assert!(!budget.spend(a, "new.w.test", t0 + Duration::from_secs(59)));
+        assert!(budget.spend(b, "new.w.test", t0));
+        assert!(budget.spend(a, "new.w.test", t0 + Duration::from_secs(60)));
+    }
+
+    /// Issue 13 bounds the *distinct* names a client has resolved: one name that fails to resolve (or
+    /// has a TTL of 0) and is asked again and again costs one (an auditor: five requests to one
+    /// failing name used up a budget of 3).
+    #[test]
+    fn a_name_asked_again_in_its_window_is_charged_once() {
+        let budget = WildcardBudget::new(3);
+        let a: IpAddr = "198.18.0.1".parse().unwrap();
+        let t0 = Instant::now();
+        assert!((0..50).all(|i| budget.spend(a, "same.w.test", t0 + Duration::from_millis(i))));
+        assert!(budget.spend(a, "two.w.test", t0));
+        assert!(budget.spend(a, "three.w.test", t0));
+        assert!(!budget.spend(a, "four.w.test", t0));
+        // Still free: it was charged in this window.
+        assert!(budget.spend(a, "same.w.test", t0 + Duration::from_secs(59)));
+        // The same client over IPv4-mapped IPv6 is the same window.
+        assert!(budget.spend("::ffff:198.18.0.1".parse().unwrap(), "two.w.test", t0));
+        // Past the names a window remembers, a name asked again is charged again (fail closed).
+        let big = WildcardBudget::new(REMEMBERED_NAMES as u32 + 10);
+        let names: Vec<String> = (0..=REMEMBERED_NAMES)
+            .map(|i| format!("n{i}.w.test"))
+            .collect();
+        assert!(names.iter().all(|n| big.spend(a, n, t0)));
+        let last = &names[REMEMBERED_NAMES];
+        let before = big.used.lock().unwrap()[&a].charged;
+        assert!(big.spend(a, last, t0));
+        assert_eq!(big.used.lock().unwrap()[&a].charged, before + 1);
+        assert!(big.spend(a, &names[0], t0));
+        assert_eq!(big.used.lock().unwrap()[&a].charged, before + 1);
     }
 
     #[test]
@@ -375,10 +445,10 @@ mod tests {
         let budget = WildcardBudget::new(1);
         let t0 = Instant::now();
         for i in 0..SWEEP_AT as u32 {
-            assert!(budget.spend(IpAddr::from(i.to_be_bytes()), t0));
+            assert!(budget.spend(IpAddr::from(i.to_be_bytes()), "a.w.test", t0));
         }
         let later = t0 + BUDGET_WINDOW;
-        assert!(budget.spend("198.18.0.9".parse().unwrap(), later));
+        assert!(budget.spend("198.18.0.9".parse().unwrap(), "a.w.test", later));
         assert_eq!(budget.used.lock().unwrap().len(), 1);
     }
 }

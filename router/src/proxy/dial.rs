@@ -36,7 +36,11 @@ impl Proxy {
             if listed {
                 return Ok(());
             }
-            if self.bounds.budget.spend(client, Instant::now()) {
+            if self
+                .bounds
+                .budget
+                .spend(client, name.as_str(), Instant::now())
+            {
                 self.bounds.metrics.wildcard_lookup();
                 Ok(())
             } else {
