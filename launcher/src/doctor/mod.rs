@@ -11,6 +11,7 @@
 //! The self-test's targets are only addresses this machine already uses; see `selftest.rs`.
 
 pub mod cli;
+mod host;
 pub mod prereqs;
 pub mod report;
 pub mod selftest;
