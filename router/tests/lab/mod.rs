@@ -24,25 +24,11 @@ use hickory_proto::rr::{rdata, Name, RData, Record, RecordType};
 /// The veth's address on the router's side; upstream addresses are the same /24 from .2 up.
 pub const ROUTER_SIDE: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 
-/// True when the tests can create namespaces (root with `ip`).
-pub fn can_netns() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && Command::new("ip").arg("-V").output().is_ok()
-}
-
-/// Fails the calling test when namespaces are unavailable, unless `AGENT_SANDBOX_SKIP_NETNS=1` says the
-/// skip is deliberate: a test that cannot run must not pass silently.
+/// Whether the calling test can run: namespaces need root and iproute2. Without them the test is
+/// skipped with a loud `SKIPPED` line, and fails instead when `CI` is set (the README's rule for
+/// every test that needs root, through [`agent_sandbox_testkit::netns::require`]).
 pub fn require_netns() -> bool {
-    if can_netns() {
-        return true;
-    }
-    assert!(
-        std::env::var("AGENT_SANDBOX_SKIP_NETNS").as_deref() == Ok("1"),
-        "needs root and iproute2 (set AGENT_SANDBOX_SKIP_NETNS=1 to skip on purpose)"
-    );
-    eprintln!("SKIPPED: AGENT_SANDBOX_SKIP_NETNS=1");
-    false
+    agent_sandbox_testkit::netns::require()
 }
 
 /// Runs a command, panicking with its stderr on failure.
