@@ -20,6 +20,8 @@ use lab::{reset_on_close, Dns, DnsBehaviour, Lab, RouterProc, Upstream};
 const TIMEOUT_SECS: u64 = 2;
 /// Slack over a configured timeout before a reply counts as late.
 const SLACK: Duration = Duration::from_secs(1);
+/// The relays' idle timeout where a test sets it (the default is an hour).
+const IDLE_SECS: u64 = 2;
 /// How long descriptors may take to be released after a connection ends.
 const SETTLE: Duration = Duration::from_secs(3);
 
@@ -37,6 +39,11 @@ impl Fixture {
         Fixture::start(None, &[])
     }
 
+    /// With the relays' idle timeout at [`IDLE_SECS`]: the bound for an upstream that never answers.
+    fn with_idle_timeout() -> Option<Fixture> {
+        Fixture::start_with(None, &[], &format!("idle_timeout_secs = {IDLE_SECS}\n"))
+    }
+
     /// `resolver`: use this address instead of the test's DNS server.
     fn with_resolver(resolver: Option<SocketAddr>) -> Option<Fixture> {
         Fixture::start(resolver, &[])
@@ -48,13 +55,22 @@ impl Fixture {
     }
 
     fn start(resolver: Option<SocketAddr>, env: &[(&str, &str)]) -> Option<Fixture> {
+        Fixture::start_with(resolver, env, "")
+    }
+
+    /// `extra`: more lines of the router's configuration.
+    fn start_with(
+        resolver: Option<SocketAddr>,
+        env: &[(&str, &str)],
+        extra: &str,
+    ) -> Option<Fixture> {
         if !lab::require_netns() {
             return None;
         }
         let lab = Lab::new(8);
         let dns = Dns::start(&lab);
         let toml = format!(
-            "subdomains = [\"test\"]\nresolvers = [\"{}\"]\npeek_timeout_secs = {TIMEOUT_SECS}\nconnect_timeout_secs = {TIMEOUT_SECS}\n",
+            "subdomains = [\"test\"]\nresolvers = [\"{}\"]\npeek_timeout_secs = {TIMEOUT_SECS}\nconnect_timeout_secs = {TIMEOUT_SECS}\n{extra}",
             resolver.unwrap_or(dns.addr)
         );
         let router = RouterProc::start_with_env(&lab, &toml, env);
@@ -223,8 +239,8 @@ fn upstream_accepts_and_never_answers() {
     });
     let mut c = f.lab.connect(f.router.http);
     c.write_all(&get("silent-upstream.test")).unwrap();
-    // The router has no upstream response timeout of its own (the relay's idle timeout is not wired):
-    // the client's own patience decides. What must hold is that nothing is answered in its place and
+    // The router has no upstream response timeout of its own: the client's own patience decides, up to
+    // the relays' idle timeout (below). What must hold is that nothing is answered in its place and
     // that giving up frees everything at once.
     c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let mut buf = [0u8; 64];
@@ -244,6 +260,61 @@ fn upstream_accepts_and_never_answers() {
     rx.recv_timeout(SLACK)
         .expect("the router kept the upstream connection after the client left");
     f.settle("upstream never answers");
+}
+
+/// The bound for an upstream that accepts and never answers is the relays' idle timeout
+/// (`--idle-timeout`, an hour by default): past it the router closes both sides, over HTTP and over
+/// TLS (where it cannot see requests at all), and keeps nothing.
+#[test]
+fn an_upstream_that_never_answers_is_closed_at_the_idle_timeout() {
+    let Some(f) = Fixture::with_idle_timeout() else {
+        return;
+    };
+    let bound = Duration::from_secs(2 * IDLE_SECS) + SLACK;
+    for (port, listener) in [(80, f.router.http), (443, f.router.https)] {
+        let name = format!("silent-{port}.test");
+        let ip = f.upstream_name(&name, 3);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _up = Upstream::start(&f.lab, SocketAddr::new(ip, port), move |mut s| {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+            }
+            let _ = tx.send(());
+        });
+        let mut c = f.lab.connect(listener);
+        let request = if port == 80 {
+            get(&name)
+        } else {
+            build::hello_record(&[name.as_bytes()], 0)
+        };
+        let sent = Instant::now();
+        c.write_all(&request).unwrap();
+        c.set_read_timeout(Some(bound)).unwrap();
+        let mut buf = [0u8; 64];
+        let end = loop {
+            match c.read(&mut buf) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                other => break other,
+            }
+        };
+        let took = sent.elapsed();
+        assert!(
+            matches!(&end, Ok(0))
+                || matches!(&end, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+            "port {port}: expected the router to close, got {end:?} after {took:?}"
+        );
+        assert!(
+            took >= Duration::from_secs(IDLE_SECS) - Duration::from_millis(100),
+            "port {port}: closed after {took:?}, before the idle timeout"
+        );
+        assert!(took <= bound, "port {port}: closed after {took:?}");
+        rx.recv_timeout(SLACK)
+            .expect("the router kept the upstream connection past the idle timeout");
+        f.settle("upstream never answers, idle timeout");
+    }
 }
 
 /// Peak resident memory growth of the router while `work` runs, in bytes.
