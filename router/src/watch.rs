@@ -15,10 +15,9 @@
 //! never written in place), a rename over the file, an in-place write, a symlink whose target lives in a
 //! directory nobody watches, a directory bind-mounted into a container and changed from the host, a
 //! file that disappears and comes back. Inotify on the directory sees the first three only, needs
-//! overflow handling, and a file descriptor per router. The cost is one small read a second: measured
-//! (static release build, busy 2-core machine) at 7 µs for a 4 KB allowlist, 0.1 ms for 100 KB and
-//! 0.8 ms for the 1 MB cap, so at most 0.08% of one core; and
-//! the change is noticed within one interval plus [`DEFAULT_SETTLE`], well inside the 5 s promised.
+//! overflow handling, and a file descriptor per router. The cost is one small read and hash a second,
+//! a small fraction of a core even at the size cap (BENCHMARKS.md, "The file watch's cost"); and the
+//! change is noticed within one interval plus [`DEFAULT_SETTLE`], well inside the 5 s promised.
 //!
 //! A change is reported only once the content has stayed the same for one settle period, so a file
 //! being written in several pieces is reloaded once, whole, rather than failing on a torn read first. A

@@ -8,8 +8,8 @@
 //! pipe ends more, so `process_open_fds` near `process_max_fds` is the limit `--max-connections` must
 //! stay under.
 //!
-//! Cost: listing `/proc/self/fd` takes about a microsecond per open descriptor, more the first time
-//! (9–31 ms with 8,192 open, measured on the development VM), so [`sample`] is blocking work: the admin
+//! Cost: listing `/proc/self/fd` takes time in proportion to the open descriptors, milliseconds with
+//! thousands open (BENCHMARKS.md, "Process metrics"), so [`sample`] is blocking work: the admin
 //! endpoint runs it on tokio's blocking pool, never on a worker that relays connections. Each family
 //! is written only when its source could be read (`/proc` not mounted, or mounted with `subset=pid`,
 //! leaves some or all of them out), never with a made-up value.
