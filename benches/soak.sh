@@ -5,7 +5,9 @@
 # Load (benches/soak_load.py, open loop): new TLS and new HTTP connections (paced), kept-alive HTTP
 # requests, slow clients (head byte by byte), garbage clients, a raw host:port relay in use, requests to
 # three faulty upstreams in turn (refuses: an address with no listener; accepts and never answers; resets
-# mid-response), plus DNS queries from dnsperf at a modest fixed rate. The upstreams live in a network
+# mid-response), plus DNS queries from dnsperf at a modest fixed rate. That is a subset of issue 17's
+# faults: the others (black-holed SYNs, half-closes, slow readers, the resolver down, slow, SERVFAIL or
+# truncated, clients resetting mid-hello) are router/tests/faults.rs's, each on its own, in `make test`. The upstreams live in a network
 # namespace this script creates (198.18.77.0/29 over a veth, no default route in it); the router listens
 # on 127.0.7.1, its resolver (dnsmasq) on 127.0.7.2. Root only. Traffic stays on this machine.
 #

@@ -48,6 +48,12 @@ grep -q 'localhost/' <<<"$report" && fail "the packaged launcher still names a l
 cmp -s "$root/usr/share/agent-sandbox/allowed-hosts" packaging/allowed-hosts || fail "the packaged allowlist differs"
 grep -q 'agent-sandbox' "$root/usr/share/bash-completion/completions/agent-sandbox" || fail "empty bash completion"
 grep -qF -- '\-\-exec' "$root/usr/share/man/man1/agent-sandbox.1" || fail "the man page does not document --exec"
+for word in allow deny reload sessions blocked doctor; do
+    page=$(find "$root/usr/share/man/man1" -name "agent-sandbox-$word.1*" | head -n 1)
+    [ -n "$page" ] || fail "no man page agent-sandbox-$word(1)"
+    grep -q "$word" "$root/usr/share/bash-completion/completions/agent-sandbox" ||
+        fail "the bash completion does not know $word"
+done
 ok "installed into a scratch root; --version and --print-config name the version and the pinned images"
 
 clone="$scratch/clone"

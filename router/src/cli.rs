@@ -78,9 +78,9 @@ pub struct Cli {
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_timeout: Option<u64>,
 
-    /// Names under wildcard (.example.com) entries that one client may have the router resolve per
-    /// minute, counting only lookups its resolver cache cannot answer; past it connections to new
-    /// such names are refused [default: 120].
+    /// Distinct names under wildcard (.example.com) entries that one client may have the router
+    /// resolve per minute, counting only lookups its resolver cache cannot answer, each name once;
+    /// past it connections to new such names are refused [default: 120].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub wildcard_lookups_per_minute: Option<u32>,
 
