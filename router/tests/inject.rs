@@ -715,6 +715,15 @@ async fn an_echoed_key_cuts_the_connection() {
     })
     .await;
     assert!(!cut.to_string().contains(REAL_KEY));
+    // The connection line says why it failed (reviewer G: its reason was empty).
+    let line = poll(|| {
+        events_since(mark, "connection")
+            .into_iter()
+            .find(|e| e["name"] == api.as_str())
+    })
+    .await;
+    assert_eq!(line["decision"], "upstream-error", "{line}");
+    assert_eq!(line["reason"], "a real secret in the response", "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1214,6 +1223,28 @@ async fn an_encoded_token_response_is_refused() {
     assert!(!contains(&got, "compressed-bytes"), "{text}");
     let seen = lab.recorder.for_sni(&token);
     assert_eq!(seen.len(), 1, "{seen:?}");
+}
+
+/// The token exchange rewrites the head a second time, with its new body's length: a head the first
+/// rewrite left at the field cap got one more field (`Content-Length`, which it did not have) and was
+/// closed without an answer or a log line (reviewer G). It is refused with 431 like the first
+/// rewrite's, and nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_request_at_the_field_cap_gets_431() {
+    require_netns!();
+    let lab = Lab::start_with("injtokcap", true).await;
+    let token = lab.world.name("token");
+    // Host, Content-Type and 125 more: 127 fields, 128 with the router's Accept-Encoding.
+    let fields: String = (0..125).map(|i| format!("X-{i}: y\r\n")).collect();
+    let request = format!(
+        "POST /v1/oauth/token HTTP/1.1\r\nHost: {token}\r\nContent-Type: application/json\r\n{fields}\r\n"
+    );
+    let mut c = lab.connect("token").await;
+    c.send(request.as_bytes()).await;
+    let got = c.rest().await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(text.starts_with("HTTP/1.1 431 "), "{text}");
+    assert!(lab.recorder.for_sni(&token).is_empty());
 }
 
 /// A token exchange holds the store's lock (this router's and, through the flock, every other

@@ -622,8 +622,21 @@ impl Terminated<'_> {
             content_length: Some(new_body.len()),
         };
         let original = [rewritten.head.as_slice()].concat();
-        let Ok(again) = rewrite_head(&original, swap, &mut |_| None) else {
-            return Err(End);
+        let again = match rewrite_head(&original, swap, &mut |_| None) {
+            Ok(again) => again,
+            Err(RewriteError::Unreadable) => return Err(End),
+            // The new Content-Length (added, or a digit longer) took a head at a cap over it.
+            Err(RewriteError::TooLarge) => {
+                drop(exchange);
+                return self
+                    .refuse(
+                        "431 Request Header Fields Too Large",
+                        "token request head at the router's caps: no room for its new Content-Length",
+                        RefusalReason::BadRequest,
+                    )
+                    .await
+                    .map(|()| false);
+            }
         };
         self.note_request(Credential::OAuth);
         let Some((up_r, up_w)) = self.upstream.as_mut() else {
