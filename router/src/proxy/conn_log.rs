@@ -156,6 +156,13 @@ impl ConnLog {
         self.set_decision(Decision::UpstreamError);
     }
 
+    /// Marks the connection failed on the upstream's side for `reason`, where the event itself was
+    /// logged already or needs no line of its own (a write to the upstream that failed).
+    pub(crate) fn upstream_error(&self, reason: &str) {
+        self.set_reason(&reason);
+        self.set_decision(Decision::UpstreamError);
+    }
+
     /// Logs a failed dial: a refusal if the address check refused it, an upstream failure otherwise.
     pub(crate) fn dial_failed(&self, name: &str, e: &DialError) {
         if e.is_refusal() {

@@ -561,7 +561,7 @@ impl HttpRelay<'_, '_> {
                 Ok(Some(h)) if h.code == 101 => {
                     let reason = "the upstream's 101 lacks Upgrade: websocket or the expected Sec-WebSocket-Accept";
                     warn!(kind = log.kind.as_str(), name = %self.name, reason, client = %log.client, "invalid upgrade");
-                    log.set_decision(Decision::UpstreamError);
+                    log.upstream_error(reason);
                     let text = refusal::invalid_switch_body(self.name.as_str(), reason);
                     refuse_http(client, Status::BadGateway, &text).await;
                     return Err(std::io::Error::other("invalid WebSocket switch"));

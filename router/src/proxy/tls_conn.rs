@@ -98,7 +98,7 @@ impl Proxy {
         // Only the hello goes now: what the client sent after it waits for the upstream's answer.
         let (hello, after) = reader.into_parts();
         if write_first(&upstream, &hello).await.is_err() {
-            log.set_decision(Decision::UpstreamError);
+            log.upstream_error("the ClientHello could not be written to the upstream");
             return;
         }
         log.up(hello.len() as u64);
@@ -164,7 +164,9 @@ impl Proxy {
             // The upstream has answered the hello the router decided on: the rest is the relay's.
             if !after.is_empty() {
                 if write_all(upstream, &after).await.is_err() {
-                    log.set_decision(Decision::UpstreamError);
+                    log.upstream_error(
+                        "what followed the ClientHello could not be written to the upstream",
+                    );
                     return false;
                 }
                 log.up(after.len() as u64);
@@ -193,7 +195,9 @@ impl Proxy {
                 Ok(true) => {
                     let hello = second.buffered();
                     if write_all(upstream, hello).await.is_err() {
-                        log.set_decision(Decision::UpstreamError);
+                        log.upstream_error(
+                            "the second ClientHello could not be written to the upstream",
+                        );
                         return false;
                     }
                     log.up(hello.len() as u64);

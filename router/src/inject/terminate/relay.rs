@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use agent_sandbox_shared::logs::{self, Decision};
+use agent_sandbox_shared::logs;
 use agent_sandbox_shared::HostName;
 use tokio::io::{AsyncWriteExt as _, ReadHalf, WriteHalf};
 use tracing::warn;
@@ -78,7 +78,7 @@ impl Relay<'_> {
                 "{}",
                 logs::SECRET_IN_RESPONSE
             );
-            self.log.set_decision(Decision::UpstreamError);
+            self.log.upstream_error("a real secret in the response");
             End
         })
     }
