@@ -273,9 +273,14 @@ const SWEEP_AT: usize = 4096;
 /// (fail closed). 2 KiB of hashes per client at most.
 const REMEMBERED_NAMES: usize = 256;
 
+/// Lookups of names already charged in a window, per name the window allows: a name that fails to
+/// resolve, or whose answer has a TTL of 0, is looked up again on each connection; which of its
+/// charged names a client asks again carries a few bits each time, so repeats are bounded too.
+const REPEATS_PER_NAME: u32 = 8;
+
 /// Distinct names under wildcard entries each client may have resolved per minute (lookups that
-/// the resolver cache did not answer), shared by all workers. A name that fails to resolve, or
-/// whose answer has a TTL of 0, is looked up again on each connection, but charged once a window.
+/// the resolver cache did not answer), shared by all workers. A name asked again in its window is
+/// not charged again, but such repeats are bounded by [`REPEATS_PER_NAME`] times the budget.
 #[derive(Debug)]
 pub struct WildcardBudget {
     /// Distinct names allowed per client per window.
@@ -293,6 +298,8 @@ struct Window {
     start: Instant,
     /// Names charged in it.
     charged: u32,
+    /// Lookups of names already charged in it.
+    repeats: u32,
     /// The hashes of the names charged in it, up to [`REMEMBERED_NAMES`].
     names: HashSet<u64>,
 }
@@ -308,8 +315,8 @@ impl WildcardBudget {
         })
     }
 
-    /// Spends `client`'s budget for a lookup of `name` at `now`: nothing if the name was charged in
-    /// the client's current window, else one of its names; `false` when the budget is used up.
+    /// Spends `client`'s budget for a lookup of `name` at `now`: one of its repeats if the name was
+    /// charged in the client's current window, else one of its names; `false` when that is used up.
     #[must_use]
     pub fn spend(&self, client: IpAddr, name: &str, now: Instant) -> bool {
         let client = canonical(client);
@@ -321,16 +328,22 @@ impl WildcardBudget {
         let window = used.entry(client).or_insert_with(|| Window {
             start: now,
             charged: 0,
+            repeats: 0,
             names: HashSet::new(),
         });
         if now.duration_since(window.start) >= BUDGET_WINDOW {
             window.start = now;
             window.charged = 0;
+            window.repeats = 0;
             window.names.clear();
             // A window that remembered many names gives their memory back.
             window.names.shrink_to(16);
         }
         if window.names.contains(&hash) {
+            if window.repeats >= self.per_window.saturating_mul(REPEATS_PER_NAME) {
+                return false;
+            }
+            window.repeats += 1;
             return true;
         }
         if window.charged >= self.per_window {
@@ -418,7 +431,7 @@ mod tests {
         let budget = WildcardBudget::new(3);
         let a: IpAddr = "198.18.0.1".parse().unwrap();
         let t0 = Instant::now();
-        assert!((0..50).all(|i| budget.spend(a, "same.w.test", t0 + Duration::from_millis(i))));
+        assert!((0..20).all(|i| budget.spend(a, "same.w.test", t0 + Duration::from_millis(i))));
         assert!(budget.spend(a, "two.w.test", t0));
         assert!(budget.spend(a, "three.w.test", t0));
         assert!(!budget.spend(a, "four.w.test", t0));
@@ -426,6 +439,15 @@ mod tests {
         assert!(budget.spend(a, "same.w.test", t0 + Duration::from_secs(59)));
         // The same client over IPv4-mapped IPv6 is the same window.
         assert!(budget.spend("::ffff:198.18.0.1".parse().unwrap(), "two.w.test", t0));
+        // Repeats are bounded too (reviewer G: which of its charged names a client asks again carries
+        // a few bits each time): 8 per name the budget allows, 24 here, of which 21 are used above.
+        for _ in 0..3 {
+            assert!(budget.spend(a, "three.w.test", t0));
+        }
+        assert!(!budget.spend(a, "two.w.test", t0));
+        assert!(!budget.spend(a, "same.w.test", t0));
+        // A new window starts afresh.
+        assert!(budget.spend(a, "same.w.test", t0 + BUDGET_WINDOW));
         // Past the names a window remembers, a name asked again is charged again (fail closed).
         let big = WildcardBudget::new(REMEMBERED_NAMES as u32 + 10);
         let names: Vec<String> = (0..=REMEMBERED_NAMES)
