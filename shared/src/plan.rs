@@ -135,9 +135,15 @@ pub struct PlanState {
     #[serde(default)]
     pub ports: BTreeMap<String, u16>,
     /// True once the shared address ([`SHARED_LOOPBACK`]) has been handed out: its relays stay for
-    /// the rest of the session, whatever the policy comes to allow.
-    #[serde(default)]
+    /// the rest of the session, whatever the policy comes to allow. A state file written before this
+    /// field existed does not say, and is read as `true`: it may have (two idle relays at most).
+    #[serde(default = "unknown_means_handed_out")]
     pub shared: bool,
+}
+
+/// [`PlanState::shared`] for a state file that does not say.
+fn unknown_means_handed_out() -> bool {
+    true
 }
 
 impl PlanState {
@@ -557,10 +563,21 @@ mod tests {
         assert_eq!(relay_ports(&gone, [127, 0, 0, 4]), [80, 443]);
         assert!(gone.router.clone().validate().is_ok());
 
-        // A state file written before `shared` existed still reads.
-        let old =
-            PlanState::from_json("{\"hosts\":{\"a.test\":\"127.0.0.3\"},\"ports\":{}}").unwrap();
-        assert!(!old.shared);
+        // A state file written before `shared` existed still reads, as having handed it out (reviewer
+        // F: read as false, a session started before the upgrade lost the shared relays as before).
+        let old = PlanState::from_json(
+            "{\"hosts\":{\"db.test\":\"127.0.0.3\"},\"ports\":{\"db.test:5432\":10000}}",
+        )
+        .unwrap();
+        assert!(old.shared);
+        let upgraded = SessionPlan::extend(
+            &policy("blocked.test\nblocked.test:5432\ndb.test:5432\n"),
+            ROUTER,
+            &old,
+        )
+        .unwrap();
+        assert_eq!(relay_ports(&upgraded, [127, 0, 0, 2]), [80, 443]);
+        assert!(!PlanState::default().shared);
     }
 
     #[test]
