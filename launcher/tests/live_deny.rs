@@ -465,6 +465,8 @@ fn allow_reports_a_forwarder_that_refused_the_new_relays() {
 fn allow_before_any_allowlist_starts_one_from_the_default() {
     let live = Live::new("nofile", "api.anthropic.com\n");
     fs::remove_file(live.allowlist()).unwrap();
+    // No session running (one started from the file keeps it from being re-created: below).
+    fs::write(live.root.join("logs/ps.json"), "[]").unwrap();
     let o = live.run(&["allow", "extra.example"]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
@@ -472,4 +474,23 @@ fn allow_before_any_allowlist_starts_one_from_the_default() {
     let file = live.file();
     assert!(file.contains("@anthropic"), "{file}");
     assert!(file.trim_end().ends_with("extra.example"), "{file}");
+}
+
+/// A missing allowlist that a running session was started from is not re-created from the default:
+/// the default's names would reach that session (reviewer F).
+#[test]
+fn allow_does_not_recreate_an_allowlist_a_running_session_uses() {
+    let live = Live::new("gone", "api.anthropic.com\n");
+    fs::rename(live.allowlist(), live.root.join("home/allowed-hosts.bak")).unwrap();
+    let reloads = live.reloads();
+    let o = live.run(&["allow", "extra.example"]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("is gone, but running session(s) 0123456789ab"),
+        "{out}"
+    );
+    assert!(!live.allowlist().exists());
+    assert_eq!(live.reloads(), reloads);
+    assert!(!live.session_allows("claude.ai"));
 }

@@ -298,7 +298,25 @@ pub fn allow_file(podman: &Podman, settings: &Settings, entries: &[String]) -> a
     let entries = edit::validate_args(entries)?;
     let path = &settings.allowlist;
     // Before the first session there is no file yet: start it from the default, as a session does.
-    crate::session::ensure_allowlist(path)?;
+    // Not when a running session was started from it (moved or deleted since): the default would
+    // then reach that session, allowing what its user never chose.
+    if std::fs::symlink_metadata(path).is_err() {
+        let using: Vec<String> = sessions::running(podman)?
+            .into_iter()
+            .filter(|s| sessions::same_file(&s.meta.allowlist, path))
+            .map(|s| s.meta.id)
+            .collect();
+        if !using.is_empty() {
+            bail!(
+                "the allowlist {} is gone, but running session(s) {} started from it: put it back \
+                 (then `agent-sandbox allow` again); it is not re-created from the default, which \
+                 would change what those sessions allow",
+                path.display(),
+                using.join(", ")
+            );
+        }
+        crate::session::ensure_allowlist(path)?;
+    }
     let text = read_allowlist(path)?;
     let (new_text, added) = edit::append(&text, &entries, &edit::utc_date(now_secs()));
     let name = path.display().to_string();
