@@ -202,6 +202,8 @@ pub struct Built {
     pub read: Vec<(PathBuf, Fingerprint)>,
     /// The `--config` file and its text, to name its lines in validation errors.
     pub config_file: Option<(PathBuf, String)>,
+    /// The configuration keys the flags set (their problems are not the file's).
+    pub from_flags: Vec<&'static str>,
 }
 
 impl Built {
@@ -209,7 +211,7 @@ impl Built {
     /// that holds the value it is about.
     pub fn validate(&self) -> Result<ValidConfig, ConfigError> {
         self.config.validate().map_err(|e| match &self.config_file {
-            Some((path, text)) => e.in_file(path, text),
+            Some((path, text)) => e.in_file(path, text, &self.from_flags),
             None => e,
         })
     }
@@ -346,6 +348,23 @@ impl Cli {
                 )),
             }
         }
+        let from_flags = [
+            ("peek_timeout_secs", self.peek_timeout.is_some()),
+            ("max_connections", self.max_connections.is_some()),
+            (
+                "max_connections_per_client",
+                self.max_connections_per_client.is_some(),
+            ),
+            ("idle_timeout_secs", self.idle_timeout.is_some()),
+            (
+                "wildcard_lookups_per_minute",
+                self.wildcard_lookups_per_minute.is_some(),
+            ),
+            ("answers.default", self.answer.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect();
         if let Some(t) = self.peek_timeout {
             config.peek_timeout_secs = t;
         }
@@ -366,6 +385,7 @@ impl Cli {
             warnings,
             read,
             config_file,
+            from_flags,
         })
     }
 }

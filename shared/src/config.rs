@@ -5,7 +5,7 @@
 //! validated into a [`Policy`] and a list of listeners by [`RouterConfig::validate`]. The standalone
 //! gateway builds the same type from its command-line flags, so both modes run one code path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::{Path, PathBuf};
@@ -199,17 +199,20 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// Names the configuration file `path` (whose text is `text`) in an [`ConfigError::Invalid`]'s
-    /// problems, each with the first line of `text` that holds what it names: the quoted value in
-    /// backquotes (`hosts entry `x``), or the key a bound applies to (`max_connections is 0`).
-    /// Other errors are returned unchanged (they name their file already).
+    /// problems, each with the line of `text` that holds what it names where exactly one does: the
+    /// value in backquotes as a TOML string (`hosts entry `x``), or the key a bound applies to, by its
+    /// dotted path (`max_connections is 0`, `answers.ttl is 0`). `from_flags`: the keys the command
+    /// line set, whose problems are not the file's. Other errors are returned unchanged (they name
+    /// their file already). The text is indexed once, so any number of problems costs one pass.
     #[must_use]
-    pub fn in_file(self, path: &Path, text: &str) -> ConfigError {
+    pub fn in_file(self, path: &Path, text: &str, from_flags: &[&str]) -> ConfigError {
         let ConfigError::Invalid(problems) = self else {
             return self;
         };
+        let index = LineIndex::new(text);
         let problems = problems
             .into_iter()
-            .map(|problem| match problem_line(&problem, text) {
+            .map(|problem| match index.problem_line(&problem, from_flags) {
                 Some(line) => format!("{}:{line}: {problem}", path.display()),
                 None => format!("{}: {problem}", path.display()),
             })
@@ -221,30 +224,106 @@ impl ConfigError {
     }
 }
 
-/// The first line (1-based) of a configuration's TOML `text` that holds what `problem` names: a
-/// backquoted value as a TOML string (`"value"`), or a bounded key (`key is N; ...`) as `key =`.
-fn problem_line(problem: &str, text: &str) -> Option<usize> {
-    let quoted = problem
-        .split_once('`')
-        .and_then(|(_, rest)| rest.split_once('`'))
-        .map(|(value, _)| format!("\"{value}\""));
-    let key = problem
-        .split_once(" is ")
-        .map(|(key, _)| key.rsplit('.').next().unwrap_or(key))
-        .filter(|key| key.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
-    text.lines()
-        .position(|line| {
-            let line = line.split_once('#').map_or(line, |(code, _)| code);
-            match (&quoted, key) {
-                (Some(quoted), _) => line.contains(quoted.as_str()),
-                (None, Some(key)) => line
-                    .trim_start()
-                    .strip_prefix(key)
-                    .is_some_and(|rest| rest.trim_start().starts_with('=')),
-                (None, None) => false,
+/// Where the string values and the keys of a TOML text are, to name the line a problem is about.
+#[derive(Debug, Default)]
+struct LineIndex<'a> {
+    /// Every quoted string's content (as written): the first line it is on and how often it occurs.
+    strings: HashMap<&'a str, (usize, usize)>,
+    /// Every bare `key =` by its dotted path, its `[table]` included: first line and count.
+    keys: HashMap<String, (usize, usize)>,
+}
+
+impl<'a> LineIndex<'a> {
+    /// Indexes `text` in one pass (basic strings only; a `#` outside a string starts a comment).
+    fn new(text: &'a str) -> LineIndex<'a> {
+        let mut index = LineIndex::default();
+        let mut table = String::new();
+        fn note<K: std::hash::Hash + Eq>(
+            map: &mut HashMap<K, (usize, usize)>,
+            key: K,
+            line: usize,
+        ) {
+            map.entry(key)
+                .and_modify(|(_, n)| *n += 1)
+                .or_insert((line, 1));
+        }
+        for (i, line) in text.lines().enumerate() {
+            let number = i + 1;
+            let mut code_end = line.len();
+            let mut open: Option<usize> = None;
+            let mut escaped = false;
+            for (at, c) in line.char_indices() {
+                match (open, c) {
+                    (Some(_), '\\') if !escaped => {
+                        escaped = true;
+                        continue;
+                    }
+                    (Some(from), '"') if !escaped => {
+                        note(&mut index.strings, &line[from..at], number);
+                        open = None;
+                    }
+                    (None, '"') => open = Some(at + 1),
+                    (None, '#') => {
+                        code_end = at;
+                        break;
+                    }
+                    _ => {}
+                }
+                escaped = false;
             }
-        })
-        .map(|i| i + 1)
+            let code = line[..code_end].trim();
+            if let Some(header) = code.strip_prefix('[') {
+                table = header
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .trim()
+                    .to_owned();
+            } else if let Some((key, _)) = code.split_once('=') {
+                let key = key.trim();
+                if !key.is_empty()
+                    && key
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                {
+                    let path = if table.is_empty() {
+                        key.to_owned()
+                    } else {
+                        format!("{table}.{key}")
+                    };
+                    note(&mut index.keys, path, number);
+                }
+            }
+        }
+        index
+    }
+
+    /// The line `problem` is about, when exactly one line can be.
+    fn problem_line(&self, problem: &str, from_flags: &[&str]) -> Option<usize> {
+        let unique = |found: Option<&(usize, usize)>| match found {
+            Some(&(line, 1)) => Some(line),
+            _ => None,
+        };
+        if let Some((what, rest)) = problem.split_once(" `") {
+            let value = rest.split_once('`')?.0;
+            // A subdomains entry's problem names the apex; the file may have it with its dot.
+            if what.ends_with("subdomains entry") {
+                if let Some(line) = unique(self.strings.get(format!(".{value}").as_str())) {
+                    return Some(line);
+                }
+            }
+            return unique(self.strings.get(value));
+        }
+        let (key, _) = problem.split_once(" is ")?;
+        if key.is_empty()
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || matches!(c, '_' | '.'))
+            || from_flags.contains(&key)
+        {
+            return None;
+        }
+        unique(self.keys.get(key))
+    }
 }
 
 /// A validated configuration, typed for the router's run time: nothing downstream reads the TOML numbers.
@@ -569,6 +648,54 @@ fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which line a problem is about: only a line that holds it alone, by table and key (reviewer F:
+    /// a flag's value was put on a file line, a table's `hosts` on the top-level one, a value twice in
+    /// the file on its first place, a dotted subdomain on no line).
+    #[test]
+    fn problems_name_the_one_line_that_holds_them() {
+        let text = "hosts = [\"ok.test\",\n  \"1.2.3.4\"]  # a comment with \"1.2.3.4\"\n\
+                    subdomains = [\".5.6.7.8\"]\n\
+                    max_connections = 0\n\
+                    max_connections_per_client = 20\n\
+                    [answers]\nttl = 0\n\
+                    [answers.hosts]\n\"9.9.9.9\" = \"127.0.0.3\"\n\
+                    [inject.api_key]\nhosts = []\n\
+                    [[forwards]]\nhost = \"9.9.9.9\"\n";
+        let err = ConfigError::Invalid(vec![
+            "hosts entry `1.2.3.4`: not a name".into(),
+            "subdomains entry `5.6.7.8`: not a name".into(),
+            "max_connections is 0; it must be between 1 and 4096".into(),
+            "max_connections_per_client is 500; it must be between 1 and 100".into(),
+            "answers.ttl is 0; it must be between 1 and 3600".into(),
+            "inject: api_key.hosts is empty".into(),
+            "answers.hosts entry `9.9.9.9`: not a name".into(),
+            "would both listen on 0.0.0.0:443".into(),
+        ]);
+        let ConfigError::InvalidFile { problems, .. } =
+            err.in_file(Path::new("r.toml"), text, &["max_connections_per_client"])
+        else {
+            panic!("not located");
+        };
+        let prefixes: Vec<&str> = problems
+            .iter()
+            .map(|p| p.split_once(' ').unwrap().0)
+            .collect();
+        assert_eq!(
+            prefixes,
+            [
+                "r.toml:2:", // inside the array, not the comment's copy
+                "r.toml:3:", // with its dot
+                "r.toml:4:",
+                "r.toml:",   // the flag's value, not line 5's
+                "r.toml:7:", // ttl in [answers]
+                "r.toml:",   // not the top-level hosts
+                "r.toml:",   // on two lines: neither
+                "r.toml:",
+            ],
+            "{problems:#?}"
+        );
+    }
 
     use crate::allowlist::Allowlist;
 
