@@ -41,8 +41,13 @@ pub fn enabled(level: Level) -> bool {
 
 /// Writes one line. Errors writing to stderr are ignored: a forwarder whose log is gone must keep
 /// relaying (which is also why this is not `eprintln!`, which panics on a failed write).
+///
+/// The line is formatted first and written with one call: stderr is unbuffered, and written piece by
+/// piece a line reaches the log collector in pieces (podman's k8s-file log then splits it over
+/// several records, and a reader looking for a whole line misses it).
 pub fn write(level: Level, args: fmt::Arguments<'_>) {
-    let _ = writeln!(std::io::stderr().lock(), "{level} {args}");
+    let line = format!("{level} {args}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 impl fmt::Display for Level {

@@ -270,7 +270,7 @@ const SWEEP_AT: usize = 4096;
 
 /// The most names a client's window remembers as already charged: a name asked again within the
 /// window costs nothing while it is remembered, and is charged again past this many distinct names
-/// (fail closed). 2 KiB of hashes per client at most.
+/// (fail closed). 2 KiB of hashes per client at most (about 4.5 KiB with the set's own overhead).
 const REMEMBERED_NAMES: usize = 256;
 
 /// Lookups of names already charged in a window, per name the window allows: a name that fails to
@@ -305,7 +305,7 @@ struct Window {
 }
 
 impl WildcardBudget {
-    /// A budget of `per_minute` lookups per client per minute.
+    /// A budget of `per_minute` distinct names per client per minute.
     #[must_use]
     pub fn new(per_minute: u32) -> Arc<WildcardBudget> {
         Arc::new(WildcardBudget {
