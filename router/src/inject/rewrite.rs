@@ -74,26 +74,23 @@ pub(crate) fn rewrite_head(
     swap: Swap<'_>,
     bearer: &mut dyn FnMut(&[u8]) -> Option<Secret>,
 ) -> Result<Rewritten, RewriteError> {
-    rewrite(head, swap, bearer).ok_or(RewriteError::Unreadable)?
-}
-
-/// [`rewrite_head`], `None` for an unreadable head.
-fn rewrite(
-    head: &[u8],
-    swap: Swap<'_>,
-    bearer: &mut dyn FnMut(&[u8]) -> Option<Secret>,
-) -> Option<Result<Rewritten, RewriteError>> {
+    use RewriteError::Unreadable;
     let mut rest = head;
     // httparse skips empty lines before the request line; so does this (and drops them).
     while let Some(r) = rest.strip_prefix(b"\r\n") {
         rest = r;
     }
-    let body = rest.strip_suffix(b"\r\n\r\n")?;
+    let body = rest.strip_suffix(b"\r\n\r\n").ok_or(Unreadable)?;
     let mut lines = Lines(body);
-    let request_line = lines.next()?;
+    let request_line = lines.next().ok_or(Unreadable)?;
     let mut parts = request_line.split(|b| *b == b' ');
-    let method = std::str::from_utf8(parts.next()?).ok()?.to_owned();
-    let target = std::str::from_utf8(parts.next()?).ok()?.to_owned();
+    let mut part = || {
+        std::str::from_utf8(parts.next().ok_or(Unreadable)?)
+            .map(str::to_owned)
+            .map_err(|_| Unreadable)
+    };
+    let method = part()?;
+    let target = part()?;
     let mut out = Vec::with_capacity(head.len() + 64);
     out.extend_from_slice(request_line);
     out.extend_from_slice(b"\r\n");
@@ -102,7 +99,7 @@ fn rewrite(
     let mut content_type = None;
     let mut length_written = false;
     for line in lines {
-        let colon = line.iter().position(|b| *b == b':')?;
+        let colon = line.iter().position(|b| *b == b':').ok_or(Unreadable)?;
         let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("accept-encoding") {
@@ -162,7 +159,7 @@ fn rewrite(
     // Field lines: every CRLF but the request line's and the final empty line's.
     let fields = out.windows(2).filter(|w| w == b"\r\n").count() - 2;
     if fields > MAX_HEADERS || out.len() > MAX_HEAD_LEN {
-        return Some(Err(RewriteError::TooLarge));
+        return Err(RewriteError::TooLarge);
     }
     let credential = if api_key_used {
         Credential::ApiKey
@@ -171,7 +168,7 @@ fn rewrite(
     } else {
         Credential::None
     };
-    Some(Ok(Rewritten {
+    Ok(Rewritten {
         head: out,
         credential,
         oauth_added: oauth_used,
@@ -179,7 +176,7 @@ fn rewrite(
         method,
         target,
         content_type,
-    }))
+    })
 }
 
 /// Writes `name: parts…` CRLF.
