@@ -10,8 +10,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 
+use super::files;
 use super::sessions::{self, Running};
-use crate::podman::{args, Podman};
+use crate::podman::{args, logfile, Podman};
 use crate::report;
 
 /// `name` safe for a terminal: printable ASCII as is, everything else (control bytes, ESC, DEL, any
@@ -39,13 +40,26 @@ fn selected(podman: &Podman, id: Option<&str>) -> anyhow::Result<Vec<Running>> {
     })
 }
 
-/// The refusals so far in one session's router log.
+/// The refusals so far in one session's router log: read from its file when the session says where
+/// it is (no podman process), else through `podman logs`.
 pub fn refusals(podman: &Podman, s: &Running) -> anyhow::Result<BTreeMap<String, report::Refused>> {
-    let out = podman.output(&args::logs(&s.router))?;
-    let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
-    log.push_str(&String::from_utf8_lossy(&out.stderr));
+    let from_file = files::read_log_path(&s.dir.join(files::ROUTER_LOG_PATH_FILE))
+        .and_then(|path| logfile::read_messages(&path, 0, MAX_LOG_READ).ok());
+    let log = match from_file {
+        Some(log) => log,
+        None => {
+            let out = podman.output(&args::logs(&s.router))?;
+            let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+            log.push_str(&String::from_utf8_lossy(&out.stderr));
+            log
+        }
+    };
     Ok(report::refusals(&log))
 }
+
+/// The most of a router log read: more than its size cap (`ROUTER_LOG_MAX` in the podman arguments),
+/// past which conmon starts it again.
+const MAX_LOG_READ: u64 = 64 * 1024 * 1024;
 
 /// Prints the refused names with counts, per session.
 pub fn list(podman: &Podman, id: Option<&str>) -> anyhow::Result<()> {

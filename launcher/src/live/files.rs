@@ -6,6 +6,8 @@
 //!   plan-state.json       every loopback address and router port handed out (never renumbered)
 //!   session-allowlist     entries allowed for this session only (`allow --session`)
 //!   router-in-force.toml  the router configuration last confirmed in force by a live change (a copy)
+//!   router.log, forwarder.log               their logs (k8s-file, written by conmon, capped)
+//!   router-log-path, forwarder-log-path     where their logs are (written at start)
 //!   router/router.toml    the router's configuration   (mounted as a directory into the router only)
 //!   forwarder/relays      the forwarder's relays        (mounted as a directory into the forwarder only)
 //!   hosts, resolv.conf    the sandbox's (unchanged during a session)
@@ -44,6 +46,17 @@ const STATE_FILE: &str = "plan-state.json";
 const EXTRA_FILE: &str = "session-allowlist";
 /// The router configuration the router last confirmed it holds ([`record_in_force`]).
 const IN_FORCE_FILE: &str = "router-in-force.toml";
+/// The router's log (k8s-file, written by conmon), in the session directory since the launcher names
+/// it at start.
+pub(crate) const ROUTER_LOG: &str = "router.log";
+/// The forwarder's log, as [`ROUTER_LOG`].
+pub(crate) const FORWARDER_LOG: &str = "forwarder.log";
+/// Where the router's log is ([`write_log_path`]): where a live change reads its verdict. Sessions
+/// of launchers that left the log where podman puts it by default have it only once a live change
+/// asked podman.
+pub(crate) const ROUTER_LOG_PATH_FILE: &str = "router-log-path";
+/// The forwarder's k8s-file log on the host, as [`ROUTER_LOG_PATH_FILE`].
+pub(crate) const FORWARDER_LOG_PATH_FILE: &str = "forwarder-log-path";
 /// The largest session file read: they are small, a bigger one is not ours.
 const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -78,6 +91,24 @@ pub(crate) fn create_layout(dir: &Path) -> anyhow::Result<()> {
             .with_context(|| format!("cannot set permissions on {}", d.display()))?;
     }
     Ok(())
+}
+
+/// Records a container's log path in `file` (one of [`ROUTER_LOG_PATH_FILE`] and
+/// [`FORWARDER_LOG_PATH_FILE`]). At start, so that a live change needs no podman process to find it
+/// (`container inspect` per container, serialised by podman's lock, took most of the first change's
+/// time). A path that is not UTF-8 is not recorded: a live change then asks podman.
+pub(crate) fn write_log_path(file: &Path, log: &Path) -> anyhow::Result<()> {
+    let text = log
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", log.display()))?;
+    replace_file(file, text, 0o600, Durability::Session)
+}
+
+/// The log path [`write_log_path`] recorded, if there is one.
+pub(crate) fn read_log_path(file: &Path) -> Option<PathBuf> {
+    let text = fs::read_to_string(file).ok()?;
+    let path = PathBuf::from(text);
+    path.is_absolute().then_some(path)
 }
 
 /// Whether a replaced file must reach the disk before the rename: the user's allowlist must survive a

@@ -54,6 +54,13 @@ fn mount(src: &Path, dst: &Path, opts: &str) -> OsString {
     m
 }
 
+/// `path=FILE` for `--log-opt`: where a container's k8s-file log goes.
+fn log_path_opt(path: &Path) -> OsString {
+    let mut o = OsString::from("path=");
+    o.push(path.as_os_str());
+    o
+}
+
 /// `podman info` as JSON: rootless or not, id mappings.
 #[must_use]
 pub fn info() -> Vec<OsString> {
@@ -221,6 +228,7 @@ pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
         .opt("--sysctl", "net.ipv4.ip_unprivileged_port_start=53")
         .opt("--log-driver", "k8s-file")
         .opt("--log-opt", format!("max-size={ROUTER_LOG_MAX}"))
+        .opt("--log-opt", log_path_opt(&spec.log_path))
         .opt("--security-opt", "no-new-privileges")
         .opt("--security-opt", "label=disable")
         .opt(
@@ -290,6 +298,7 @@ pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
         .opt("--cap-add", "NET_BIND_SERVICE")
         .opt("--log-driver", "k8s-file")
         .opt("--log-opt", format!("max-size={FORWARDER_LOG_MAX}"))
+        .opt("--log-opt", log_path_opt(&spec.log_path))
         .opt("--security-opt", "no-new-privileges")
         .opt("--security-opt", "label=disable")
         .opt(
@@ -578,6 +587,7 @@ mod tests {
             inject_dir: None,
             oauth_store: None,
             keep_id: false,
+            log_path: "/tmp/s/router.log".into(),
         }
     }
 
@@ -624,6 +634,7 @@ mod tests {
             pod: "p".into(),
             image: "i".into(),
             relays_dir: "/tmp/s/forwarder".into(),
+            log_path: "/tmp/s/forwarder.log".into(),
         }));
         let s = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
         for argv in [net, r, pod, f, s] {
@@ -644,15 +655,25 @@ mod tests {
         let router = strs(&router_run(&router()));
         assert!(has(&router, &["--log-driver", "k8s-file"]), "{router:?}");
         assert!(has(&router, &["--log-opt", "max-size=32mb"]), "{router:?}");
+        // In the session directory, where the launcher can read it (rootless too).
+        assert!(
+            has(&router, &["--log-opt", "path=/tmp/s/router.log"]),
+            "{router:?}"
+        );
         let forwarder = strs(&forwarder_run(&ForwarderSpec {
             name: "f".into(),
             labels: labels(),
             pod: "p".into(),
             image: "i".into(),
             relays_dir: "/tmp/s/forwarder".into(),
+            log_path: "/tmp/s/forwarder.log".into(),
         }));
         assert!(
             has(&forwarder, &["--log-opt", "max-size=1mb"]),
+            "{forwarder:?}"
+        );
+        assert!(
+            has(&forwarder, &["--log-opt", "path=/tmp/s/forwarder.log"]),
             "{forwarder:?}"
         );
         let sandbox = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
@@ -668,6 +689,7 @@ mod tests {
             pod: "p".into(),
             image: "i".into(),
             relays_dir: "/tmp/s/forwarder".into(),
+            log_path: "/tmp/s/forwarder.log".into(),
         }));
         let rootless = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
         let rootful = strs(&sandbox_run(&sandbox(UserMapping::Host {
@@ -907,6 +929,7 @@ mod tests {
             pod: "agent-sandbox-abc123".into(),
             image: "localhost/agent-sandbox-router:dev".into(),
             relays_dir: "/tmp/s/forwarder".into(),
+            log_path: "/tmp/s/forwarder.log".into(),
         }));
         assert!(has(&a, &["--pod", "agent-sandbox-abc123"]));
         assert!(a.contains(&"--read-only".to_owned()));

@@ -9,11 +9,13 @@
 //!   podman;
 //! - `runner.rs`: [`Podman`] runs the vectors and turns failures into a [`PodmanError`] that shows the
 //!   command and podman's own message;
+//! - [`logfile`]: a container's k8s-file log read from the host, without a podman process;
 //! - [`json`]: typed readers of podman's JSON answers (`info`, `network inspect`, the listings), for
 //!   podman 4.3 through 5.x.
 
 pub mod args;
 pub mod json;
+pub mod logfile;
 mod runner;
 mod spec;
 

@@ -1,11 +1,12 @@
 //! Readiness: a detached container is ready once its log names every address it must listen on.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
 use super::{interrupted, SessionError};
-use crate::podman::{args, Podman};
+use crate::podman::{args, logfile, Podman};
 use crate::signals::SignalWatch;
 
 /// How long the router and forwarder may take to report their listeners.
@@ -16,32 +17,42 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) fn wait_listening(
     podman: &Podman,
     container: &str,
+    log_file: &Path,
     addrs: &[String],
     signals: &SignalWatch,
 ) -> Result<(), SessionError> {
     let deadline = Instant::now() + READY_TIMEOUT;
-    let mut delay = Duration::from_millis(20);
+    let mut delay = Duration::from_millis(10);
     loop {
         interrupted(signals)?;
-        if look(podman, container, addrs, deadline).map_err(SessionError::Start)? {
+        if look(podman, container, log_file, addrs, deadline).map_err(SessionError::Start)? {
             return Ok(());
         }
         std::thread::sleep(delay);
-        delay = (delay * 2).min(Duration::from_millis(200));
+        delay = (delay * 2).min(Duration::from_millis(100));
     }
 }
 
 /// One look at the container: whether it is ready; an error with its log once it has stopped or the
-/// deadline has passed.
+/// deadline has passed. The log is read from its file (`log_file`, where the launcher had podman put
+/// it), so a look that finds the container ready costs no podman process; `podman logs` if the file
+/// cannot be read.
 fn look(
     podman: &Podman,
     container: &str,
+    log_file: &Path,
     addrs: &[String],
     deadline: Instant,
 ) -> anyhow::Result<bool> {
-    let out = podman.output(&args::logs(container))?;
-    let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
-    log.push_str(&String::from_utf8_lossy(&out.stderr));
+    let log = match logfile::read_messages(log_file, 0, MAX_START_LOG) {
+        Ok(messages) => messages,
+        Err(_) => {
+            let out = podman.output(&args::logs(container))?;
+            let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+            log.push_str(&String::from_utf8_lossy(&out.stderr));
+            log
+        }
+    };
     if all_listening(&log, addrs) {
         return Ok(true);
     }
@@ -62,6 +73,10 @@ fn look(
     }
     Ok(false)
 }
+
+/// The most of a starting container's log read at one look: what it logs before its listeners is a
+/// few lines.
+const MAX_START_LOG: u64 = 4 * 1024 * 1024;
 
 /// Whether the log has a `listening on ADDR` line for every address (`ADDR` not followed by a digit, so
 /// port 80 is not taken for 8080's prefix).

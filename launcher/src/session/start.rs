@@ -64,7 +64,7 @@ pub(super) fn start(
     let names =
         launch(podman, settings, checked, &planned, cleanup).map_err(SessionError::Start)?;
     interrupted(signals)?;
-    wait_ready(podman, &planned.plan, &names, signals)?;
+    wait_ready(podman, &planned, &names, signals)?;
     interrupted(signals)?;
     Ok(Session {
         labels: planned.labels,
@@ -95,6 +95,10 @@ struct Planned {
     config: PathBuf,
     /// The forwarder's relays directory.
     relays: PathBuf,
+    /// The router's log on the host.
+    router_log: PathBuf,
+    /// The forwarder's log on the host.
+    forwarder_log: PathBuf,
     /// The session's /etc/hosts.
     hosts: PathBuf,
     /// The session's /etc/resolv.conf.
@@ -161,6 +165,12 @@ fn plan(
             router_ip,
         },
     )?;
+    // The router's and the forwarder's logs go into the session directory, and say so for the live
+    // commands, which read their verdicts there.
+    let router_log = dir.join(files::ROUTER_LOG);
+    let forwarder_log = dir.join(files::FORWARDER_LOG);
+    files::write_log_path(&dir.join(files::ROUTER_LOG_PATH_FILE), &router_log)?;
+    files::write_log_path(&dir.join(files::FORWARDER_LOG_PATH_FILE), &forwarder_log)?;
     let config = dir.join(files::ROUTER_DIR);
     let hosts = dir.join("hosts");
     // IPv4 only: IPv6 is disabled in the pod's netns, so ::1 does not exist there.
@@ -175,6 +185,8 @@ fn plan(
         plan,
         config,
         relays: dir.join(files::FORWARDER_DIR),
+        router_log,
+        forwarder_log,
         hosts,
         resolv,
         inject,
@@ -256,6 +268,7 @@ fn launch(
         session_ip: planned.router_ip,
         egress_network: EGRESS_NETWORK.to_owned(),
         config_dir: planned.config.clone(),
+        log_path: planned.router_log.clone(),
         inject_dir: planned.inject.as_ref().map(|i| i.router_dir.clone()),
         oauth_store: planned.inject.as_ref().and_then(|i| i.oauth_store.clone()),
         keep_id: checked.user.mapping == UserMapping::KeepId,
@@ -273,6 +286,7 @@ fn launch(
         pod: pod.clone(),
         image: settings.router_image.clone(),
         relays_dir: planned.relays.clone(),
+        log_path: planned.forwarder_log.clone(),
     };
     let (router_started, pod_started) = std::thread::scope(|s| {
         let r = s.spawn(|| podman.run(&args::router_run(&router_spec)));
@@ -293,10 +307,11 @@ fn launch(
 /// Waits for the router's and the forwarder's listeners, both at once.
 fn wait_ready(
     podman: &Podman,
-    plan: &SessionPlan,
+    planned: &Planned,
     names: &Names,
     signals: &SignalWatch,
 ) -> Result<(), SessionError> {
+    let plan = &planned.plan;
     // Ready means every listener is bound: DNS must answer, and the forwarder must hold its addresses
     // before the sandboxed command could bind them itself (ports above 1023 need no capability).
     let mut router_addrs: Vec<String> = [
@@ -315,10 +330,22 @@ fn wait_ready(
             if listens.is_empty() {
                 Ok(())
             } else {
-                wait_listening(podman, &names.forwarder, &listens, signals)
+                wait_listening(
+                    podman,
+                    &names.forwarder,
+                    &planned.forwarder_log,
+                    &listens,
+                    signals,
+                )
             }
         });
-        let r = wait_listening(podman, &names.router, &router_addrs, signals);
+        let r = wait_listening(
+            podman,
+            &names.router,
+            &planned.router_log,
+            &router_addrs,
+            signals,
+        );
         (r, join(f))
     });
     router_ready?;
