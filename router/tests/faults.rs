@@ -4,7 +4,9 @@
 //! Every test runs the real router binary in a network namespace of its own (see `lab`): loopback and a
 //! veth to the upstreams' namespace, no default route. The bounds each test states are the router's
 //! configured timeouts (peek 2 s, connect 2 s) plus a second of slack for a loaded machine. After each
-//! fault the router's descriptor count (/proc/PID/fd) must fall back to what it was before.
+//! fault the router's descriptor count (/proc/PID/fd) must fall back to what it was before, and the
+//! connections it counts as open (`connections_open` on its admin endpoint; each connection is a task
+//! holding its count until it ends) to zero.
 
 mod lab;
 
@@ -74,7 +76,7 @@ impl Fixture {
             "subdomains = [\"test\"]\nresolvers = [\"{}\"]\npeek_timeout_secs = {TIMEOUT_SECS}\nconnect_timeout_secs = {TIMEOUT_SECS}\n{extra}",
             resolver.unwrap_or(dns.addr)
         );
-        let router = RouterProc::start_with_env(&lab, &toml, env);
+        let router = RouterProc::start_with_admin(&lab, &toml, env);
         let baseline = router.fds();
         Some(Fixture {
             lab,
@@ -91,7 +93,23 @@ impl Fixture {
         IpAddr::V4(ip)
     }
 
+    /// Waits until the router holds no connection: none counted open (its tasks ended), and its
+    /// descriptors back to the baseline.
     fn settle(&self, what: &str) {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let open = self.router.open_connections(&self.lab);
+            if open == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the router still counts {open} connections open after {SETTLE:?}; log:\n{}",
+                self.router.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The scrape's own connection is closed by then, or soon: wait_fds polls.
         self.router.wait_fds(self.baseline, SETTLE, what);
     }
 }
@@ -256,6 +274,11 @@ fn upstream_accepts_and_never_answers() {
     assert!(
         f.router.fds() >= f.baseline + 2,
         "fd count does not see connections"
+    );
+    assert_eq!(
+        f.router.open_connections(&f.lab),
+        1,
+        "the connections gauge does not see the connection"
     );
     drop(c);
     rx.recv_timeout(SLACK)

@@ -9,7 +9,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -304,6 +304,8 @@ pub struct RouterProc {
     pub http: SocketAddr,
     /// The TLS listener (in R).
     pub https: SocketAddr,
+    /// The admin endpoint (in R), when started with one ([`RouterProc::start_with_admin`]).
+    pub admin: Option<SocketAddr>,
     /// Its config file's directory.
     dir: PathBuf,
 }
@@ -317,6 +319,17 @@ impl RouterProc {
 
     /// [`RouterProc::start`] with `env` added to the router's environment.
     pub fn start_with_env(lab: &Lab, toml: &str, env: &[(&str, &str)]) -> RouterProc {
+        RouterProc::spawn(lab, toml, env, false)
+    }
+
+    /// [`RouterProc::start_with_env`] with the admin endpoint on a loopback port of R
+    /// ([`RouterProc::open_connections`]).
+    #[allow(dead_code)] // not every test binary that includes the lab uses it
+    pub fn start_with_admin(lab: &Lab, toml: &str, env: &[(&str, &str)]) -> RouterProc {
+        RouterProc::spawn(lab, toml, env, true)
+    }
+
+    fn spawn(lab: &Lab, toml: &str, env: &[(&str, &str)], admin: bool) -> RouterProc {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "asl-{}-{}",
@@ -334,6 +347,11 @@ impl RouterProc {
             .args(["netns", "exec", &lab.r.name])
             .arg(env!("CARGO_BIN_EXE_agent-sandbox-router"))
             .args(["--config", config.to_str().unwrap(), "--log-format", "json"])
+            .args(if admin {
+                &["--admin", "127.0.0.1:0"][..]
+            } else {
+                &[]
+            })
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
@@ -347,7 +365,12 @@ impl RouterProc {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on ").nth(1) {
+                if let Some(rest) = line.split("admin endpoint listening on ").nth(1) {
+                    let addr = rest.split(['"', ' ']).next().unwrap_or_default();
+                    if let Ok(addr) = addr.parse::<SocketAddr>() {
+                        let _ = tx.send((addr, "admin".to_owned()));
+                    }
+                } else if let Some(rest) = line.split("listening on ").nth(1) {
                     let addr = rest.split(' ').next().unwrap_or_default();
                     let proto = rest
                         .split_once('(')
@@ -363,12 +386,14 @@ impl RouterProc {
         });
         let mut http = None;
         let mut https = None;
+        let mut admin_addr = None;
         let deadline = Instant::now() + Duration::from_secs(20);
-        while http.is_none() || https.is_none() {
+        while http.is_none() || https.is_none() || (admin && admin_addr.is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok((a, p)) if p == "http" => http = Some(a),
                 Ok((a, p)) if p == "https" || p == "tls" => https = Some(a),
+                Ok((a, p)) if p == "admin" => admin_addr = Some(a),
                 Ok(_) => {}
                 Err(_) => {
                     let _ = child.kill();
@@ -385,8 +410,33 @@ impl RouterProc {
             output,
             http: http.unwrap(),
             https: https.unwrap(),
+            admin: admin_addr,
             dir,
         }
+    }
+
+    /// The connections the router counts as open now (`agent_sandbox_router_connections_open`, summed
+    /// over its listeners), read from its admin endpoint in R. Panics without one.
+    #[allow(dead_code)] // not every test binary that includes the lab uses it
+    pub fn open_connections(&self, lab: &Lab) -> u64 {
+        let admin = self
+            .admin
+            .expect("a router started with its admin endpoint");
+        let mut s = lab.connect(admin);
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        body.lines()
+            .filter(|l| l.starts_with("agent_sandbox_router_connections_open{"))
+            .map(|l| {
+                l.rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("a gauge sample: {l}"))
+            })
+            .sum()
     }
 
     /// The router's pid.
