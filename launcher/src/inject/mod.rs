@@ -890,7 +890,7 @@ mod tests {
             inject_dir: Some(inject.router_dir.clone()),
             oauth_store: None,
             keep_id: true,
-            log_path: dir.join("router.log"),
+            log_path: None,
         };
         let argv: Vec<String> = args::router_run(&router)
             .into_iter()

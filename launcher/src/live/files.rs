@@ -6,11 +6,13 @@
 //!   plan-state.json       every loopback address and router port handed out (never renumbered)
 //!   session-allowlist     entries allowed for this session only (`allow --session`)
 //!   router-in-force.toml  the router configuration last confirmed in force by a live change (a copy)
-//!   router.log, forwarder.log               their logs (k8s-file, written by conmon, capped)
-//!   router-log-path, forwarder-log-path     where their logs are (written at start)
+//!   router-log-path       where the router's log is (written at start), and forwarder-log-path
 //!   router/router.toml    the router's configuration   (mounted as a directory into the router only)
 //!   forwarder/relays      the forwarder's relays        (mounted as a directory into the forwarder only)
 //!   hosts, resolv.conf    the sandbox's (unchanged during a session)
+//!
+//! $XDG_STATE_HOME/agent-sandbox/logs/agent-sandbox-ID/   0700, on disk (`session::rundir::log_dir`)
+//!   router.log, forwarder.log   their logs (k8s-file, written by conmon, capped at 32 MB and 1 MB)
 //! ```
 //!
 //! Every file is replaced whole by a rename, never written in place: the router and the forwarder
@@ -46,8 +48,8 @@ const STATE_FILE: &str = "plan-state.json";
 const EXTRA_FILE: &str = "session-allowlist";
 /// The router configuration the router last confirmed it holds ([`record_in_force`]).
 const IN_FORCE_FILE: &str = "router-in-force.toml";
-/// The router's log (k8s-file, written by conmon), in the session directory since the launcher names
-/// it at start.
+/// The router's log (k8s-file, written by conmon) in the session's log directory, where the launcher
+/// has podman put it.
 pub(crate) const ROUTER_LOG: &str = "router.log";
 /// The forwarder's log, as [`ROUTER_LOG`].
 pub(crate) const FORWARDER_LOG: &str = "forwarder.log";

@@ -54,11 +54,14 @@ fn mount(src: &Path, dst: &Path, opts: &str) -> OsString {
     m
 }
 
-/// `path=FILE` for `--log-opt`: where a container's k8s-file log goes.
-fn log_path_opt(path: &Path) -> OsString {
-    let mut o = OsString::from("path=");
-    o.push(path.as_os_str());
-    o
+/// `--log-opt path=FILE` (where a container's k8s-file log goes), or nothing for podman's own place.
+fn log_path_opt(path: Option<&Path>) -> Vec<OsString> {
+    path.map(|path| {
+        let mut o = OsString::from("path=");
+        o.push(path.as_os_str());
+        vec!["--log-opt".into(), o]
+    })
+    .unwrap_or_default()
 }
 
 /// `podman info` as JSON: rootless or not, id mappings.
@@ -228,7 +231,7 @@ pub fn router_run(spec: &RouterSpec) -> Vec<OsString> {
         .opt("--sysctl", "net.ipv4.ip_unprivileged_port_start=53")
         .opt("--log-driver", "k8s-file")
         .opt("--log-opt", format!("max-size={ROUTER_LOG_MAX}"))
-        .opt("--log-opt", log_path_opt(&spec.log_path))
+        .args(log_path_opt(spec.log_path.as_deref()))
         .opt("--security-opt", "no-new-privileges")
         .opt("--security-opt", "label=disable")
         .opt(
@@ -298,7 +301,7 @@ pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
         .opt("--cap-add", "NET_BIND_SERVICE")
         .opt("--log-driver", "k8s-file")
         .opt("--log-opt", format!("max-size={FORWARDER_LOG_MAX}"))
-        .opt("--log-opt", log_path_opt(&spec.log_path))
+        .args(log_path_opt(spec.log_path.as_deref()))
         .opt("--security-opt", "no-new-privileges")
         .opt("--security-opt", "label=disable")
         .opt(
@@ -587,7 +590,7 @@ mod tests {
             inject_dir: None,
             oauth_store: None,
             keep_id: false,
-            log_path: "/tmp/s/router.log".into(),
+            log_path: Some("/tmp/s/router.log".into()),
         }
     }
 
@@ -634,7 +637,7 @@ mod tests {
             pod: "p".into(),
             image: "i".into(),
             relays_dir: "/tmp/s/forwarder".into(),
-            log_path: "/tmp/s/forwarder.log".into(),
+            log_path: Some("/tmp/s/forwarder.log".into()),
         }));
         let s = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
         for argv in [net, r, pod, f, s] {
@@ -666,7 +669,7 @@ mod tests {
             pod: "p".into(),
             image: "i".into(),
             relays_dir: "/tmp/s/forwarder".into(),
-            log_path: "/tmp/s/forwarder.log".into(),
+            log_path: Some("/tmp/s/forwarder.log".into()),
         }));
         assert!(
             has(&forwarder, &["--log-opt", "max-size=1mb"]),
@@ -689,7 +692,7 @@ mod tests {
             pod: "p".into(),
             image: "i".into(),
             relays_dir: "/tmp/s/forwarder".into(),
-            log_path: "/tmp/s/forwarder.log".into(),
+            log_path: Some("/tmp/s/forwarder.log".into()),
         }));
         let rootless = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
         let rootful = strs(&sandbox_run(&sandbox(UserMapping::Host {
@@ -929,7 +932,7 @@ mod tests {
             pod: "agent-sandbox-abc123".into(),
             image: "localhost/agent-sandbox-router:dev".into(),
             relays_dir: "/tmp/s/forwarder".into(),
-            log_path: "/tmp/s/forwarder.log".into(),
+            log_path: Some("/tmp/s/forwarder.log".into()),
         }));
         assert!(has(&a, &["--pod", "agent-sandbox-abc123"]));
         assert!(a.contains(&"--read-only".to_owned()));

@@ -31,12 +31,17 @@ pub fn read_messages(path: &Path, offset: u64, max: u64) -> std::io::Result<Stri
 /// The messages of a k8s-file log, one per line. Its lines are `TIME STREAM TAG MESSAGE`, and a
 /// message the container wrote in several pieces may be split over several lines: tag `P` (partial)
 /// for each piece but the last, `F` (full) for the last. Pieces are joined again; a partial message
-/// at the end (the rest not written yet) is left out.
+/// at the end (the rest not written yet) is left out, and so is a last line without its newline (a
+/// read that cut it: conmon ends every line with one).
 #[must_use]
 pub fn messages(text: &str) -> String {
     let mut out = String::new();
     let mut pending = String::new();
-    for line in text.lines() {
+    for line in text.split_inclusive('\n') {
+        let Some(line) = line.strip_suffix('\n') else {
+            break;
+        };
+        let line = line.strip_suffix('\r').unwrap_or(line);
         let mut parts = line.splitn(4, ' ');
         let (Some(_time), Some(_stream), Some(tag), message) = (
             parts.next(),
@@ -93,7 +98,7 @@ mod tests {
             "2026-12-02T12:31:00.1+00:00 stderr F  INFO listening on 127.0.0.4:80 to=10.0.0.2:80\n\
                    2026-12-02T12:31:00.2+00:00 stderr P  INFO reloa\n\
                    2026-12-02T12:31:00.3+00:00 stderr F ded: 9 relays, 3 opened, 0 closed\n\
-                   2026-12-02T12:31:00.4+00:00 stderr P  INFO half";
+                   2026-12-02T12:31:00.4+00:00 stderr P  INFO half\n";
         assert_eq!(
             messages(log),
             " INFO listening on 127.0.0.4:80 to=10.0.0.2:80\n INFO reloaded: 9 relays, 3 opened, 0 closed\n"

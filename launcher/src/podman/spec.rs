@@ -99,10 +99,10 @@ pub struct RouterSpec {
     /// token store is shared by every session and read by the launcher; it must stay the user's).
     /// Rootful podman refuses keep-id: there the files are given to the router's user instead.
     pub keep_id: bool,
-    /// Where its log goes on the host (k8s-file): in the session directory, so that the launcher can
-    /// read it, rootless too (podman's own place for it is not readable by the user when the
-    /// container's user namespace owns it).
-    pub log_path: PathBuf,
+    /// Where its log goes on the host (k8s-file; None: podman's own place): the session's log
+    /// directory, so that the launcher can read it, rootless too (podman's own place is not readable
+    /// by the user when the container's user namespace owns it).
+    pub log_path: Option<PathBuf>,
 }
 
 /// The pod: holds the sandbox's network namespace, resolver and hosts file.
@@ -135,7 +135,7 @@ pub struct ForwarderSpec {
     /// name), mounted read-only as a directory for the same reason as the router's.
     pub relays_dir: PathBuf,
     /// Where its log goes on the host, as [`RouterSpec::log_path`].
-    pub log_path: PathBuf,
+    pub log_path: Option<PathBuf>,
 }
 
 /// The sandbox container in the pod.

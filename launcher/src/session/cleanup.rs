@@ -22,6 +22,8 @@ pub(super) struct Cleanup {
     pub(super) network: Option<String>,
     /// The session directory, removed before the network.
     pub(super) dir: Option<PathBuf>,
+    /// The session's log directory (`rundir::log_dir`), removed with the session directory.
+    pub(super) log_dir: Option<PathBuf>,
     /// The doctor's throw-away home volume (`doctor_home.rs`), removed once the pod is gone.
     pub(super) volume: Option<String>,
     /// The API key placeholder a session keeps for [`Cleanup::volume`], removed with it.
@@ -36,6 +38,7 @@ impl Cleanup {
             router: None,
             network: None,
             dir: None,
+            log_dir: None,
             volume: None,
             placeholder: None,
         }
@@ -60,7 +63,7 @@ impl Cleanup {
             }
         });
         // The directory before the network (see `plan` in start.rs).
-        if let Some(dir) = self.dir.take() {
+        for dir in [self.dir.take(), self.log_dir.take()].into_iter().flatten() {
             let _ = fs::remove_dir_all(dir);
         }
         // After the pod, whose sandbox container had it mounted.

@@ -17,7 +17,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) fn wait_listening(
     podman: &Podman,
     container: &str,
-    log_file: &Path,
+    log_file: Option<&Path>,
     addrs: &[String],
     signals: &SignalWatch,
 ) -> Result<(), SessionError> {
@@ -35,18 +35,18 @@ pub(super) fn wait_listening(
 
 /// One look at the container: whether it is ready; an error with its log once it has stopped or the
 /// deadline has passed. The log is read from its file (`log_file`, where the launcher had podman put
-/// it), so a look that finds the container ready costs no podman process; `podman logs` if the file
-/// cannot be read.
+/// it), so a look that finds the container ready costs no podman process; `podman logs` without one,
+/// or if it cannot be read.
 fn look(
     podman: &Podman,
     container: &str,
-    log_file: &Path,
+    log_file: Option<&Path>,
     addrs: &[String],
     deadline: Instant,
 ) -> anyhow::Result<bool> {
-    let log = match logfile::read_messages(log_file, 0, MAX_START_LOG) {
-        Ok(messages) => messages,
-        Err(_) => {
+    let log = match log_file.and_then(|f| logfile::read_messages(f, 0, MAX_START_LOG).ok()) {
+        Some(messages) => messages,
+        None => {
             let out = podman.output(&args::logs(container))?;
             let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
             log.push_str(&String::from_utf8_lossy(&out.stderr));

@@ -25,6 +25,30 @@ pub(crate) fn session_dir(session: &str) -> PathBuf {
     sessions_root().join(format!("{NAME_PREFIX}{session}"))
 }
 
+/// The directory for the session's router and forwarder logs: `logs/agent-sandbox-ID` in the state
+/// directory (`$XDG_STATE_HOME/agent-sandbox`), on disk. Not in the session directory: that is normally
+/// in the runtime directory, a tmpfs the size of a tenth of RAM that rootless podman needs too, and a
+/// sandbox can fill the router's log up to its cap (32 MB) with refused connections.
+pub(crate) fn log_dir(state_dir: &Path, session: &str) -> PathBuf {
+    state_dir
+        .join("logs")
+        .join(format!("{NAME_PREFIX}{session}"))
+}
+
+/// Creates [`log_dir`] mode 0700, and the state directory and its `logs` (0700, this user's) above it.
+pub(super) fn create_log_dir(dir: &Path) -> anyhow::Result<()> {
+    let logs = dir.parent().context("a log directory has a parent")?;
+    let state = logs
+        .parent()
+        .context("a log directory is in a state directory")?;
+    if let Some(above) = state.parent() {
+        fs::create_dir_all(above).with_context(|| format!("cannot create {}", above.display()))?;
+    }
+    ensure_private_dir(state)?;
+    ensure_private_dir(logs)?;
+    create_session_dir(dir)
+}
+
 /// Where session directories live: `$XDG_RUNTIME_DIR/agent-sandbox` when the runtime directory is
 /// usable (absolute, a directory, this user's), else `agent-sandbox-UID` in the system temp directory.
 /// Either is created mode 0700 and must be this user's, so no other host user can read a session's
@@ -66,7 +90,7 @@ fn ensure_private_dir(dir: &Path) -> anyhow::Result<()> {
     let uid = unsafe { libc::getuid() };
     if !meta.is_dir() || meta.uid() != uid {
         bail!(
-            "{} is not a directory of yours: remove it, or set XDG_RUNTIME_DIR to your runtime directory",
+            "{} is not a directory of yours: remove it (or, for the session directories, set XDG_RUNTIME_DIR to your runtime directory)",
             dir.display()
         );
     }
@@ -165,6 +189,32 @@ mod tests {
         let linked = tmp.join("linked-root");
         std::os::unix::fs::symlink(&runtime, &linked).unwrap();
         assert!(ensure_private_dir(&linked).is_err());
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    /// The log directory is on the state directory's disk, private from the state directory down,
+    /// and made even where `$XDG_STATE_HOME`'s parents do not exist yet; a symlink planted as `logs`
+    /// is refused.
+    #[test]
+    fn log_directories_are_private_and_in_the_state_directory() {
+        let tmp = std::env::temp_dir().join(format!("as-log-dir-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        let state = tmp.join("home/.local/state/agent-sandbox");
+        let dir = log_dir(&state, "0123456789ab");
+        assert_eq!(dir, state.join("logs/agent-sandbox-0123456789ab"));
+        create_log_dir(&dir).unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        for p in [&state, &state.join("logs"), &dir] {
+            assert_eq!(mode(p), 0o700, "{}", p.display());
+        }
+        // A second session beside it.
+        create_log_dir(&log_dir(&state, "ba9876543210")).unwrap();
+
+        let other = tmp.join("other-state");
+        fs::create_dir_all(other.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(other.join("elsewhere"), other.join("logs")).unwrap();
+        assert!(create_log_dir(&log_dir(&other, "0123456789ab")).is_err());
+        assert!(!other.join("elsewhere/agent-sandbox-0123456789ab").exists());
         fs::remove_dir_all(&tmp).unwrap();
     }
 

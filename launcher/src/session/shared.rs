@@ -34,7 +34,7 @@ pub(super) fn prepare_shared(
     let (swept, resolvers, volume) = std::thread::scope(|s| {
         let swept = s.spawn(|| match &probes.session_networks {
             Ok(listing) if !stale::any_stale(listing)? => Ok(()),
-            _ => stale::remove_stale_sessions(podman),
+            _ => stale::remove_stale_sessions(podman, &settings.state_dir),
         });
         let egress = s.spawn(|| ensure_egress_network(podman, probes.egress));
         let volume = ensure_home_volume(

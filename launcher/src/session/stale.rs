@@ -3,10 +3,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::path::Path;
 
 use anyhow::Context as _;
 
-use super::rundir::session_dir;
+use super::rundir::{log_dir, session_dir};
 use super::say;
 use crate::liveness;
 use crate::podman::json::{Container, Network, Pod};
@@ -71,7 +72,7 @@ pub(super) fn live_projects(networks_json: &str) -> anyhow::Result<Vec<std::path
 
 /// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
 /// networks). Objects of live sessions are never touched.
-pub(super) fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
+pub(super) fn remove_stale_sessions(podman: &Podman, state_dir: &Path) -> anyhow::Result<()> {
     let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
     let mut objects = Vec::new();
     for (kind, argv) in [
@@ -101,6 +102,7 @@ pub(super) fn remove_stale_sessions(podman: &Podman) -> anyhow::Result<()> {
         // only ever a session id of ours.
         if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
             let _ = fs::remove_dir_all(session_dir(&session));
+            let _ = fs::remove_dir_all(log_dir(state_dir, &session));
         }
         for o in list {
             let argv = match o.kind {

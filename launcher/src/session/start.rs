@@ -13,7 +13,9 @@ use agent_sandbox_shared::SessionPlan;
 use super::checks::Checked;
 use super::cleanup::Cleanup;
 use super::readiness::wait_listening;
-use super::rundir::{create_session_dir, new_session_id, session_dir, write_file};
+use super::rundir::{
+    create_log_dir, create_session_dir, log_dir, new_session_id, session_dir, write_file,
+};
 use super::shared::Shared;
 use super::{interrupted, join, say, SessionError, NAME_PREFIX};
 use crate::inject::{self, SessionInject};
@@ -95,10 +97,10 @@ struct Planned {
     config: PathBuf,
     /// The forwarder's relays directory.
     relays: PathBuf,
-    /// The router's log on the host.
-    router_log: PathBuf,
-    /// The forwarder's log on the host.
-    forwarder_log: PathBuf,
+    /// The router's log on the host (None: where podman puts it).
+    router_log: Option<PathBuf>,
+    /// The forwarder's log on the host (None: where podman puts it).
+    forwarder_log: Option<PathBuf>,
     /// The session's /etc/hosts.
     hosts: PathBuf,
     /// The session's /etc/resolv.conf.
@@ -138,6 +140,9 @@ fn plan(
     cleanup.network = Some(network.clone());
     cleanup.dir = Some(dir.clone());
     create_session_dir(&dir)?;
+    let logs = log_dir(&settings.state_dir, &session);
+    cleanup.log_dir = Some(logs.clone());
+    create_log_dir(&logs)?;
     let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
     let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
@@ -165,12 +170,19 @@ fn plan(
             router_ip,
         },
     )?;
-    // The router's and the forwarder's logs go into the session directory, and say so for the live
-    // commands, which read their verdicts there.
-    let router_log = dir.join(files::ROUTER_LOG);
-    let forwarder_log = dir.join(files::FORWARDER_LOG);
-    files::write_log_path(&dir.join(files::ROUTER_LOG_PATH_FILE), &router_log)?;
-    files::write_log_path(&dir.join(files::FORWARDER_LOG_PATH_FILE), &forwarder_log)?;
+    // The router's and the forwarder's logs go into the session's log directory, and the session
+    // directory says where for the live commands, which read their verdicts there. Without a record
+    // (a path podman cannot take, or not UTF-8) they ask podman.
+    let router_log = podman_log_path(logs.join(files::ROUTER_LOG));
+    let forwarder_log = podman_log_path(logs.join(files::FORWARDER_LOG));
+    for (log, record) in [
+        (&router_log, files::ROUTER_LOG_PATH_FILE),
+        (&forwarder_log, files::FORWARDER_LOG_PATH_FILE),
+    ] {
+        if let Some(log) = log {
+            let _ = files::write_log_path(&dir.join(record), log);
+        }
+    }
     let config = dir.join(files::ROUTER_DIR);
     let hosts = dir.join("hosts");
     // IPv4 only: IPv6 is disabled in the pod's netns, so ::1 does not exist there.
@@ -333,7 +345,7 @@ fn wait_ready(
                 wait_listening(
                     podman,
                     &names.forwarder,
-                    &planned.forwarder_log,
+                    planned.forwarder_log.as_deref(),
                     &listens,
                     signals,
                 )
@@ -342,7 +354,7 @@ fn wait_ready(
         let r = wait_listening(
             podman,
             &names.router,
-            &planned.router_log,
+            planned.router_log.as_deref(),
             &router_addrs,
             signals,
         );
@@ -350,6 +362,13 @@ fn wait_ready(
     });
     router_ready?;
     forwarder_ready
+}
+
+/// `path` if podman takes it as a log path: podman before 5.0 reads `--log-opt` values as CSV, so a
+/// comma or a double quote in the path would break the container's start. None: podman's own place.
+fn podman_log_path(path: PathBuf) -> Option<PathBuf> {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    (!bytes.contains(&b',') && !bytes.contains(&b'"')).then_some(path)
 }
 
 /// The router's address: the second host address of the session network's subnet (the first is the
@@ -385,6 +404,14 @@ fn router_address(inspect_json: &str) -> anyhow::Result<Ipv4Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_paths_podman_would_split_are_not_given_to_it() {
+        let ok = PathBuf::from("/home/me/.local/state/agent-sandbox/logs/x/router.log");
+        assert_eq!(podman_log_path(ok.clone()), Some(ok));
+        assert_eq!(podman_log_path("/home/a,b/router.log".into()), None);
+        assert_eq!(podman_log_path("/home/a\"b/router.log".into()), None);
+    }
 
     #[test]
     fn router_address_is_the_second_host() {

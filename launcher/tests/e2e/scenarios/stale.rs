@@ -28,6 +28,18 @@ pub(crate) fn run(s: &mut Suite<'_>) {
     }
     let _ = finish(child, Duration::from_secs(30));
     let left = s.session_objects(&dir);
+    // Its log directory (named like its network) on the state directory's disk.
+    let logs = left
+        .iter()
+        .find(|n| n.len() == "agent-sandbox-".len() + 12)
+        .map(|network| {
+            mode.home
+                .join(".local/state/agent-sandbox/logs")
+                .join(network)
+        });
+    let logs_left = logs
+        .as_ref()
+        .is_some_and(|d| d.join("router.log").is_file());
     let other = s.project("after-killed");
     let r = s.launch(&other, &["--exec", "true"]);
     let after = s.session_objects(&dir);
@@ -38,6 +50,13 @@ pub(crate) fn run(s: &mut Suite<'_>) {
             mode.name(),
             left.len(),
             r.stderr.trim()
+        ),
+    );
+    s.checks.check(
+        logs_left && logs.as_ref().is_some_and(|d| !d.exists()),
+        format!(
+            "[{}] the log directory of a SIGKILLed launcher is removed at the next start: {logs:?} (left: {logs_left})",
+            mode.name(),
         ),
     );
 }
