@@ -35,16 +35,20 @@ pub(crate) fn log_dir(state_dir: &Path, session: &str) -> PathBuf {
         .join(format!("{NAME_PREFIX}{session}"))
 }
 
-/// Creates [`log_dir`] mode 0700, and the state directory and its `logs` (0700, this user's) above it.
+/// Creates [`log_dir`] mode 0700 in a `logs` directory that must be this user's, 0700 and no symlink;
+/// the state directory above is made (0700) if missing, and otherwise taken as it is (a symlink to
+/// another disk of the user's, say), as the sign-in token store takes it.
 pub(super) fn create_log_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
     let logs = dir.parent().context("a log directory has a parent")?;
     let state = logs
         .parent()
         .context("a log directory is in a state directory")?;
-    if let Some(above) = state.parent() {
-        fs::create_dir_all(above).with_context(|| format!("cannot create {}", above.display()))?;
-    }
-    ensure_private_dir(state)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state)
+        .with_context(|| format!("cannot create {}", state.display()))?;
     ensure_private_dir(logs)?;
     create_session_dir(dir)
 }
@@ -192,9 +196,9 @@ mod tests {
         fs::remove_dir_all(&tmp).unwrap();
     }
 
-    /// The log directory is on the state directory's disk, private from the state directory down,
-    /// and made even where `$XDG_STATE_HOME`'s parents do not exist yet; a symlink planted as `logs`
-    /// is refused.
+    /// The log directory is on the state directory's disk, private (a new state directory too), and
+    /// made even where `$XDG_STATE_HOME`'s parents do not exist yet; a symlink planted as `logs` is
+    /// refused.
     #[test]
     fn log_directories_are_private_and_in_the_state_directory() {
         let tmp = std::env::temp_dir().join(format!("as-log-dir-test-{}", std::process::id()));
@@ -215,6 +219,13 @@ mod tests {
         std::os::unix::fs::symlink(other.join("elsewhere"), other.join("logs")).unwrap();
         assert!(create_log_dir(&log_dir(&other, "0123456789ab")).is_err());
         assert!(!other.join("elsewhere/agent-sandbox-0123456789ab").exists());
+        // A state directory that is a symlink (to another disk of the user's) is taken as it is.
+        fs::create_dir_all(tmp.join("disk/state")).unwrap();
+        std::os::unix::fs::symlink(tmp.join("disk/state"), tmp.join("linked-state")).unwrap();
+        create_log_dir(&log_dir(&tmp.join("linked-state"), "0123456789ab")).unwrap();
+        assert!(tmp
+            .join("disk/state/logs/agent-sandbox-0123456789ab")
+            .is_dir());
         fs::remove_dir_all(&tmp).unwrap();
     }
 
