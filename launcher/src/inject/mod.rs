@@ -842,6 +842,7 @@ mod tests {
                 start: 1,
                 boot: "b".into(),
                 project: "/p".into(),
+                log_dir: None,
             },
             pod: "p".into(),
             image: "i".into(),

@@ -296,11 +296,16 @@ impl Reloader {
     }
 }
 
-/// A point in a router's or forwarder's log file: its k8s-file log on the host, and the length it
-/// had.
+/// A point in a router's or forwarder's log file: its k8s-file log on the host, held open, and the
+/// length it had.
 struct LogMark {
-    /// The log file.
+    /// The log file's path.
     path: PathBuf,
+    /// The file at the mark: conmon rotates a full log by renaming a new file over the path, and what
+    /// was written to this one before the rename is read from here.
+    file: std::fs::File,
+    /// Its inode, to tell when the path names a new file.
+    ino: u64,
     /// Its length before the signal.
     offset: u64,
 }
@@ -322,17 +327,41 @@ impl LogMark {
                 p
             }
         };
-        let offset = std::fs::metadata(&path).ok()?.len();
-        Some(LogMark { path, offset })
+        LogMark::at(path)
+    }
+
+    /// The end of the log at `path` now.
+    fn at(path: PathBuf) -> Option<LogMark> {
+        use std::os::unix::fs::MetadataExt as _;
+        let file = std::fs::File::open(&path).ok()?;
+        let meta = file.metadata().ok()?;
+        Some(LogMark {
+            path,
+            ino: meta.ino(),
+            offset: meta.len(),
+            file,
+        })
+    }
+
+    /// The messages logged since the mark: the rest of the file at the mark, then, once conmon has
+    /// rotated the log, the whole new file (so a verdict either side of the rename is seen).
+    fn messages(&self) -> String {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut text = logfile::read_file_messages(&self.file, self.offset, MAX_VERDICT_READ)
+            .unwrap_or_default();
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() != self.ino) {
+            text.push_str(
+                &logfile::read_messages(&self.path, 0, MAX_VERDICT_READ).unwrap_or_default(),
+            );
+        }
+        text
     }
 
     /// Polls the log from the mark for the reload verdict.
     fn wait_reloaded(&self, whose: Reloader, container: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + RELOAD_CONFIRM_TIMEOUT;
         loop {
-            let messages = logfile::read_messages(&self.path, self.offset, MAX_VERDICT_READ)
-                .unwrap_or_default();
-            match whose.verdict(&messages) {
+            match whose.verdict(&self.messages()) {
                 Some(Ok(())) => return Ok(()),
                 Some(Err(errors)) => return Err(whose.refused(&errors)),
                 None if Instant::now() >= deadline => return Err(whose.unconfirmed(container)),
@@ -480,6 +509,54 @@ mod tests {
         // A client's name in a refusal cannot pass for a verdict: only the message and result fields count.
         let spoof = r#"{"fields":{"message":"refused","name":"reload succeeded","result":"x"}}"#;
         assert_eq!(reload_verdict(spoof), None);
+    }
+
+    /// conmon rotates a full log by renaming a new file over its path. A verdict written to the old
+    /// file just before, or to the new one once it has grown past the mark, is still seen (a reviewer:
+    /// reading the path from the mark missed both).
+    #[test]
+    fn a_verdict_either_side_of_a_rotation_is_seen() {
+        let dir = std::env::temp_dir().join(format!("as-logmark-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("router.log");
+        let line = |m: &str| format!("2026-12-02T15:00:00.0+00:00 stderr F {m}\n");
+        let refused = line(r#"{"fields":{"message":"refused","name":"x.test"}}"#);
+        let verdict =
+            line(r#"{"fields":{"message":"reload succeeded: 1 -> 2 entries","result":"success"}}"#);
+        let rotate = |new: &str| {
+            std::fs::write(dir.join("router.log.tmp"), new).unwrap();
+            std::fs::rename(dir.join("router.log.tmp"), &path).unwrap();
+        };
+        let append = |text: &str| {
+            use std::io::Write as _;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(text.as_bytes()).unwrap();
+        };
+
+        // The verdict in the old file, then a rotation to a new file longer than the mark.
+        std::fs::write(&path, refused.repeat(10)).unwrap();
+        let mark = LogMark::at(path.clone()).unwrap();
+        append(&verdict);
+        rotate(&refused.repeat(40));
+        assert_eq!(reload_verdict(&mark.messages()), Some(Ok(())));
+
+        // The verdict in the new file, past the old mark's offset.
+        std::fs::write(&path, refused.repeat(10)).unwrap();
+        let mark = LogMark::at(path.clone()).unwrap();
+        rotate(&format!("{}{verdict}", refused.repeat(40)));
+        assert_eq!(reload_verdict(&mark.messages()), Some(Ok(())));
+
+        // No rotation: only what follows the mark counts.
+        std::fs::write(&path, verdict.clone()).unwrap();
+        let mark = LogMark::at(path.clone()).unwrap();
+        assert_eq!(reload_verdict(&mark.messages()), None);
+        append(&verdict);
+        assert_eq!(reload_verdict(&mark.messages()), Some(Ok(())));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

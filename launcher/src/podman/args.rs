@@ -561,6 +561,7 @@ mod tests {
             start: 777,
             boot: "boot-1".into(),
             project: "/home/me/src/p".into(),
+            log_dir: None,
         }
     }
 
@@ -614,6 +615,23 @@ mod tests {
             pass_env: vec!["TERM".into()],
             command: vec!["claude".into(), "--continue".into()],
         }
+    }
+
+    /// A session's log directory is on its objects, for the stale sweep; none when it has none.
+    #[test]
+    fn the_log_directory_label() {
+        let mut l = labels();
+        assert!(!strs(&l.args())
+            .iter()
+            .any(|a| a.starts_with(super::super::LABEL_LOG_DIR)));
+        l.log_dir = Some("/home/me/.local/state/agent-sandbox/logs/agent-sandbox-abc123".into());
+        assert!(has(
+            &strs(&l.args()),
+            &[
+                "--label",
+                "agent-sandbox.log-dir=/home/me/.local/state/agent-sandbox/logs/agent-sandbox-abc123"
+            ]
+        ));
     }
 
     #[test]

@@ -20,7 +20,12 @@ pub fn usable_path(text: &str) -> Option<PathBuf> {
 /// it was rotated at its size cap), reading at most `max` bytes. Bytes that are not UTF-8 are replaced,
 /// never a reason to see nothing.
 pub fn read_messages(path: &Path, offset: u64, max: u64) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+    read_file_messages(&std::fs::File::open(path)?, offset, max)
+}
+
+/// [`read_messages`] from a file already open: the file it was, even once conmon has renamed a new
+/// one over its path (its rotation at the size cap).
+pub fn read_file_messages(mut f: &std::fs::File, offset: u64, max: u64) -> std::io::Result<String> {
     let len = f.metadata()?.len();
     f.seek(SeekFrom::Start(if len < offset { 0 } else { offset }))?;
     let mut bytes = Vec::new();

@@ -36,6 +36,9 @@ pub const LABEL_START: &str = "agent-sandbox.launcher-start";
 pub const LABEL_BOOT: &str = "agent-sandbox.boot-id";
 /// Label holding the project directory, for humans (`podman ps --filter label=...`).
 pub const LABEL_PROJECT: &str = "agent-sandbox.project";
+/// Label holding the session's log directory (`session::rundir::log_dir`), so that the stale sweep
+/// removes the one the session used even when the sweeping launcher's state directory differs.
+pub const LABEL_LOG_DIR: &str = "agent-sandbox.log-dir";
 /// Label on the shared objects a session creates but does not remove (egress network, home volume).
 pub const LABEL_SHARED: &str = "agent-sandbox.shared";
 /// Label on the doctor's throw-away home volumes (beside the launcher's [`SessionLabels`]): how a later

@@ -5,7 +5,7 @@ use std::ffi::{OsStr, OsString};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use super::{LABEL_BOOT, LABEL_PID, LABEL_PROJECT, LABEL_SESSION, LABEL_START};
+use super::{LABEL_BOOT, LABEL_LOG_DIR, LABEL_PID, LABEL_PROJECT, LABEL_SESSION, LABEL_START};
 
 /// The labels every object of one session carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +20,8 @@ pub struct SessionLabels {
     pub boot: String,
     /// The canonical project directory.
     pub project: PathBuf,
+    /// The session's log directory, if it has one of its own.
+    pub log_dir: Option<PathBuf>,
 }
 
 impl SessionLabels {
@@ -38,6 +40,9 @@ impl SessionLabels {
         push(LABEL_START, OsStr::new(&self.start.to_string()));
         push(LABEL_BOOT, OsStr::new(&self.boot));
         push(LABEL_PROJECT, self.project.as_os_str());
+        if let Some(dir) = &self.log_dir {
+            push(LABEL_LOG_DIR, dir.as_os_str());
+        }
         out
     }
 }

@@ -62,6 +62,7 @@ impl DoctorHome {
                 .context("cannot read this process's start time from /proc")?,
             boot,
             project: project.to_owned(),
+            log_dir: None,
         };
         cleanup.volume = Some(self.volume.clone());
         cleanup.placeholder = placeholder_file(state_dir, &self.volume).ok();

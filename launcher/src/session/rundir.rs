@@ -35,9 +35,10 @@ pub(crate) fn log_dir(state_dir: &Path, session: &str) -> PathBuf {
         .join(format!("{NAME_PREFIX}{session}"))
 }
 
-/// Creates [`log_dir`] mode 0700 in a `logs` directory that must be this user's, 0700 and no symlink;
-/// the state directory above is made (0700) if missing, and otherwise taken as it is (a symlink to
-/// another disk of the user's, say), as the sign-in token store takes it.
+/// Creates [`log_dir`] mode 0700 in a `logs` directory that must be this user's, 0700 and no symlink.
+/// The state directory above is made (0700) if missing; it may be a symlink (to another disk of the
+/// user's, say), but what it leads to must be this user's and writable by no one else (made so if it
+/// is the user's), or whoever else can write there could swap `logs` for a symlink after the check.
 pub(super) fn create_log_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     let logs = dir.parent().context("a log directory has a parent")?;
@@ -49,6 +50,18 @@ pub(super) fn create_log_dir(dir: &Path) -> anyhow::Result<()> {
         .mode(0o700)
         .create(state)
         .with_context(|| format!("cannot create {}", state.display()))?;
+    let meta = fs::metadata(state).with_context(|| format!("cannot stat {}", state.display()))?;
+    // SAFETY: getuid cannot fail and touches no memory.
+    if !meta.is_dir() || meta.uid() != unsafe { libc::getuid() } {
+        bail!(
+            "{} is not a directory of yours: agent-sandbox keeps its state there (set XDG_STATE_HOME, or give it to your user)",
+            state.display()
+        );
+    }
+    if meta.mode() & 0o022 != 0 {
+        fs::set_permissions(state, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set permissions on {}", state.display()))?;
+    }
     ensure_private_dir(logs)?;
     create_session_dir(dir)
 }
@@ -222,7 +235,23 @@ mod tests {
         // A state directory that is a symlink (to another disk of the user's) is taken as it is.
         fs::create_dir_all(tmp.join("disk/state")).unwrap();
         std::os::unix::fs::symlink(tmp.join("disk/state"), tmp.join("linked-state")).unwrap();
+        fs::set_permissions(tmp.join("disk/state"), fs::Permissions::from_mode(0o777)).unwrap();
         create_log_dir(&log_dir(&tmp.join("linked-state"), "0123456789ab")).unwrap();
+        // ... made writable by no one else.
+        assert_eq!(mode(&tmp.join("disk/state")), 0o700);
+        // A state directory of another user's is refused (checked where this test may chown).
+        // SAFETY: geteuid cannot fail and touches no memory.
+        if unsafe { libc::geteuid() } == 0 {
+            let foreign = tmp.join("foreign-state");
+            fs::create_dir(&foreign).unwrap();
+            std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+            let err = create_log_dir(&log_dir(&foreign, "0123456789ab")).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("not a directory of yours"),
+                "{err:#}"
+            );
+            assert!(!foreign.join("logs").exists());
+        }
         assert!(tmp
             .join("disk/state/logs/agent-sandbox-0123456789ab")
             .is_dir());

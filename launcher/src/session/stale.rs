@@ -8,10 +8,10 @@ use std::path::Path;
 use anyhow::Context as _;
 
 use super::rundir::{log_dir, session_dir};
-use super::say;
+use super::{say, NAME_PREFIX};
 use crate::liveness;
 use crate::podman::json::{Container, Network, Pod};
-use crate::podman::{args, Podman, LABEL_PROJECT, LABEL_SESSION};
+use crate::podman::{args, Podman, LABEL_LOG_DIR, LABEL_PROJECT, LABEL_SESSION};
 
 /// One object of some session, as listed by podman.
 #[derive(Debug)]
@@ -70,6 +70,35 @@ pub(super) fn live_projects(networks_json: &str) -> anyhow::Result<Vec<std::path
         .collect())
 }
 
+/// The log directories of a dead session to remove: the one its objects' label names (the state
+/// directory of the launcher that started it), if it is exactly a log directory of that session, and
+/// the one in this launcher's state directory (a session of an older launcher has no label).
+fn log_dirs(session: &str, objects: &[&Listed], state_dir: &Path) -> Vec<std::path::PathBuf> {
+    let name = format!("{NAME_PREFIX}{session}");
+    let mut dirs = vec![log_dir(state_dir, session)];
+    for o in objects {
+        let Some(labelled) = o.labels.get(LABEL_LOG_DIR).map(std::path::PathBuf::from) else {
+            continue;
+        };
+        let ours = labelled.is_absolute()
+            && labelled.file_name() == Some(std::ffi::OsStr::new(&name))
+            && labelled
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|p| p == "logs")
+            && labelled.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::RootDir | std::path::Component::Normal(_)
+                )
+            });
+        if ours && !dirs.contains(&labelled) {
+            dirs.push(labelled);
+        }
+    }
+    dirs
+}
+
 /// Finds objects of sessions whose launcher is gone and removes them (pods, then containers, then
 /// networks). Objects of live sessions are never touched.
 pub(super) fn remove_stale_sessions(podman: &Podman, state_dir: &Path) -> anyhow::Result<()> {
@@ -102,7 +131,9 @@ pub(super) fn remove_stale_sessions(podman: &Podman, state_dir: &Path) -> anyhow
         // only ever a session id of ours.
         if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
             let _ = fs::remove_dir_all(session_dir(&session));
-            let _ = fs::remove_dir_all(log_dir(state_dir, &session));
+            for dir in log_dirs(&session, &list, state_dir) {
+                let _ = fs::remove_dir_all(dir);
+            }
         }
         for o in list {
             let argv = match o.kind {
@@ -151,6 +182,45 @@ fn parse_listing(kind: Kind, json: &str) -> Vec<Listed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sweep removes the log directory the session's label names (another launcher's state
+    /// directory) and the one in its own state directory; a label that is not exactly a log directory
+    /// of that session names nothing to remove.
+    #[test]
+    fn log_directories_of_a_dead_session() {
+        let listed = |dir: &str| Listed {
+            kind: Kind::Network,
+            name: "agent-sandbox-0123456789ab".into(),
+            labels: HashMap::from([(LABEL_LOG_DIR.to_owned(), dir.to_owned())]),
+        };
+        let here = Path::new("/home/me/.local/state/agent-sandbox");
+        let mine = here.join("logs/agent-sandbox-0123456789ab");
+        let other = listed("/srv/state/agent-sandbox/logs/agent-sandbox-0123456789ab");
+        assert_eq!(
+            log_dirs("0123456789ab", &[&other], here),
+            vec![
+                mine.clone(),
+                "/srv/state/agent-sandbox/logs/agent-sandbox-0123456789ab".into()
+            ]
+        );
+        for bad in [
+            "/home/me",
+            "/srv/state/agent-sandbox/logs/agent-sandbox-ffffffffffff",
+            "/srv/state/agent-sandbox/other/agent-sandbox-0123456789ab",
+            "/srv/logs/../agent-sandbox-0123456789ab",
+            "/srv/state/logs/../logs/agent-sandbox-0123456789ab",
+            "relative/logs/agent-sandbox-0123456789ab",
+            "",
+        ] {
+            assert_eq!(
+                log_dirs("0123456789ab", &[&listed(bad)], here),
+                vec![mine.clone()],
+                "{bad}"
+            );
+        }
+        let same = listed(&mine.display().to_string());
+        assert_eq!(log_dirs("0123456789ab", &[&same, &same], here), vec![mine]);
+    }
 
     #[test]
     fn listings_of_all_three_kinds() {

@@ -119,6 +119,7 @@ fn plan(
     cleanup: &mut Cleanup,
 ) -> anyhow::Result<Planned> {
     let session = new_session_id()?;
+    let logs = log_dir(&settings.state_dir, &session);
     let labels = SessionLabels {
         session: session.clone(),
         pid: std::process::id(),
@@ -126,6 +127,7 @@ fn plan(
             .context("cannot read this process's start time from /proc")?,
         boot: liveness::boot_id().context("cannot read the boot id from /proc")?,
         project: checked.project.clone(),
+        log_dir: Some(logs.clone()),
     };
     let base = format!("{NAME_PREFIX}{session}");
 
@@ -140,7 +142,6 @@ fn plan(
     cleanup.network = Some(network.clone());
     cleanup.dir = Some(dir.clone());
     create_session_dir(&dir)?;
-    let logs = log_dir(&settings.state_dir, &session);
     cleanup.log_dir = Some(logs.clone());
     create_log_dir(&logs)?;
     let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
@@ -364,11 +365,13 @@ fn wait_ready(
     forwarder_ready
 }
 
-/// `path` if podman takes it as a log path: podman before 5.0 reads `--log-opt` values as CSV, so a
-/// comma or a double quote in the path would break the container's start. None: podman's own place.
+/// `path` if podman and conmon take it whole as a log path. Podman before 5.0 reads `--log-opt` values
+/// as CSV, so a comma or a double quote would break the container's start; conmon gets the driver and
+/// the path as `k8s-file:PATH` and cuts at the first colon after the driver, so with a colon it would
+/// write elsewhere. None: podman's own place.
 fn podman_log_path(path: PathBuf) -> Option<PathBuf> {
     let bytes = path.as_os_str().as_encoded_bytes();
-    (!bytes.contains(&b',') && !bytes.contains(&b'"')).then_some(path)
+    (!bytes.iter().any(|b| matches!(b, b',' | b'"' | b':'))).then_some(path)
 }
 
 /// The router's address: the second host address of the session network's subnet (the first is the
@@ -411,6 +414,8 @@ mod tests {
         assert_eq!(podman_log_path(ok.clone()), Some(ok));
         assert_eq!(podman_log_path("/home/a,b/router.log".into()), None);
         assert_eq!(podman_log_path("/home/a\"b/router.log".into()), None);
+        // conmon would open /home/me/st (a reviewer compiled its parser).
+        assert_eq!(podman_log_path("/home/me/st:ate/router.log".into()), None);
     }
 
     #[test]
