@@ -183,8 +183,12 @@ machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 # number of cores the machine was saturated, and its CPU per connection is only the inverse of the rate.
 busy_cores() { awk -v t="$(($2 - $1))" -v hz="$(getconf CLK_TCK)" -v s="$3" 'BEGIN {printf "%.2f", t / hz / s}'; }
 
-# median: the median of the numbers on stdin, one per line ("-" if none).
-median() { sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# median: the median of the numbers on stdin, one per line ("-" if none). With an even count, the mean of
+# the middle two, to two decimals if they have decimals (cores busy), else rounded (rates, µs).
+median() {
+    sort -n | awk '{v[NR] = $1} END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+        else { a = v[NR / 2]; b = v[NR / 2 + 1]; printf (index(a b, ".") ? "%.2f" : "%.0f"), (a + b) / 2 } }'
+}
 # ratio A B: A / B to two decimals, "n/a" if either is missing or B is 0.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
