@@ -54,6 +54,16 @@ fn mount(src: &Path, dst: &Path, opts: &str) -> OsString {
     m
 }
 
+/// `path` if podman and conmon take it whole as a log path. Podman before 5.0 reads `--log-opt` values
+/// as CSV, so a comma or a double quote would break the container's start; conmon gets the driver and
+/// the path as `k8s-file:PATH` and cuts at the first colon after the driver, so with a colon it would
+/// write elsewhere. None: podman's own place.
+#[must_use]
+pub fn log_path_podman_takes(path: PathBuf) -> Option<PathBuf> {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    (!bytes.iter().any(|b| matches!(b, b',' | b'"' | b':'))).then_some(path)
+}
+
 /// `--log-opt path=FILE` (where a container's k8s-file log goes), or nothing for podman's own place.
 fn log_path_opt(path: Option<&Path>) -> Vec<OsString> {
     path.map(|path| {
@@ -615,6 +625,19 @@ mod tests {
             pass_env: vec!["TERM".into()],
             command: vec!["claude".into(), "--continue".into()],
         }
+    }
+
+    #[test]
+    fn log_paths_podman_would_split_are_not_given_to_it() {
+        let ok = PathBuf::from("/home/me/.local/state/agent-sandbox/logs/x/router.log");
+        assert_eq!(log_path_podman_takes(ok.clone()), Some(ok));
+        assert_eq!(log_path_podman_takes("/home/a,b/router.log".into()), None);
+        assert_eq!(log_path_podman_takes("/home/a\"b/router.log".into()), None);
+        // conmon would open /home/me/st (a reviewer compiled its parser).
+        assert_eq!(
+            log_path_podman_takes("/home/me/st:ate/router.log".into()),
+            None
+        );
     }
 
     /// A session's log directory is on its objects, for the stale sweep; none when it has none.

@@ -51,19 +51,28 @@ pub(super) fn create_log_dir(dir: &Path) -> anyhow::Result<()> {
         .create(state)
         .with_context(|| format!("cannot create {}", state.display()))?;
     let meta = fs::metadata(state).with_context(|| format!("cannot stat {}", state.display()))?;
+    own_dir(
+        state,
+        &meta,
+        0o022,
+        "agent-sandbox keeps its state there (set XDG_STATE_HOME, or give it to your user)",
+    )?;
+    // Checks `logs` (its parent) as private, then makes the session's own.
+    create_session_dir(dir)
+}
+
+/// `dir` (with `meta`) must be a directory of this user's, else the error says so and then `what`;
+/// any of the `loose` mode bits set are cleared (mode 0700).
+fn own_dir(dir: &Path, meta: &fs::Metadata, loose: u32, what: &str) -> anyhow::Result<()> {
     // SAFETY: getuid cannot fail and touches no memory.
     if !meta.is_dir() || meta.uid() != unsafe { libc::getuid() } {
-        bail!(
-            "{} is not a directory of yours: agent-sandbox keeps its state there (set XDG_STATE_HOME, or give it to your user)",
-            state.display()
-        );
+        bail!("{} is not a directory of yours: {what}", dir.display());
     }
-    if meta.mode() & 0o022 != 0 {
-        fs::set_permissions(state, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set permissions on {}", state.display()))?;
+    if meta.mode() & loose != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
     }
-    ensure_private_dir(logs)?;
-    create_session_dir(dir)
+    Ok(())
 }
 
 /// Where session directories live: `$XDG_RUNTIME_DIR/agent-sandbox` when the runtime directory is
@@ -103,19 +112,12 @@ fn ensure_private_dir(dir: &Path) -> anyhow::Result<()> {
     }
     let meta =
         fs::symlink_metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
-    // SAFETY: getuid cannot fail and touches no memory.
-    let uid = unsafe { libc::getuid() };
-    if !meta.is_dir() || meta.uid() != uid {
-        bail!(
-            "{} is not a directory of yours: remove it (or, for the session directories, set XDG_RUNTIME_DIR to your runtime directory)",
-            dir.display()
-        );
-    }
-    if meta.mode() & 0o077 != 0 {
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set permissions on {}", dir.display()))?;
-    }
-    Ok(())
+    own_dir(
+        dir,
+        &meta,
+        0o077,
+        "remove it (or, for the session directories, set XDG_RUNTIME_DIR to your runtime directory)",
+    )
 }
 
 /// Creates the session's directory (mode 0700, in a 0700 [`sessions_root`]).

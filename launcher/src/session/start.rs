@@ -174,8 +174,8 @@ fn plan(
     // The router's and the forwarder's logs go into the session's log directory, and the session
     // directory says where for the live commands, which read their verdicts there. Without a record
     // (a path podman cannot take, or not UTF-8) they ask podman.
-    let router_log = podman_log_path(logs.join(files::ROUTER_LOG));
-    let forwarder_log = podman_log_path(logs.join(files::FORWARDER_LOG));
+    let router_log = args::log_path_podman_takes(logs.join(files::ROUTER_LOG));
+    let forwarder_log = args::log_path_podman_takes(logs.join(files::FORWARDER_LOG));
     for (log, record) in [
         (&router_log, files::ROUTER_LOG_PATH_FILE),
         (&forwarder_log, files::FORWARDER_LOG_PATH_FILE),
@@ -365,15 +365,6 @@ fn wait_ready(
     forwarder_ready
 }
 
-/// `path` if podman and conmon take it whole as a log path. Podman before 5.0 reads `--log-opt` values
-/// as CSV, so a comma or a double quote would break the container's start; conmon gets the driver and
-/// the path as `k8s-file:PATH` and cuts at the first colon after the driver, so with a colon it would
-/// write elsewhere. None: podman's own place.
-fn podman_log_path(path: PathBuf) -> Option<PathBuf> {
-    let bytes = path.as_os_str().as_encoded_bytes();
-    (!bytes.iter().any(|b| matches!(b, b',' | b'"' | b':'))).then_some(path)
-}
-
 /// The router's address: the second host address of the session network's subnet (the first is the
 /// gateway's by convention, even where an internal network has none), skipping the gateway if podman
 /// put it there.
@@ -407,16 +398,6 @@ fn router_address(inspect_json: &str) -> anyhow::Result<Ipv4Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_paths_podman_would_split_are_not_given_to_it() {
-        let ok = PathBuf::from("/home/me/.local/state/agent-sandbox/logs/x/router.log");
-        assert_eq!(podman_log_path(ok.clone()), Some(ok));
-        assert_eq!(podman_log_path("/home/a,b/router.log".into()), None);
-        assert_eq!(podman_log_path("/home/a\"b/router.log".into()), None);
-        // conmon would open /home/me/st (a reviewer compiled its parser).
-        assert_eq!(podman_log_path("/home/me/st:ate/router.log".into()), None);
-    }
 
     #[test]
     fn router_address_is_the_second_host() {
