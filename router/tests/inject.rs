@@ -759,6 +759,32 @@ async fn host_other_than_the_sni_is_misdirected_and_nothing_is_sent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_with_unread_bytes_behind_it_ends_without_a_reset() {
+    require_netns!();
+    let lab = Lab::start("injlinger").await;
+    let other = lab.world.name("other");
+    let mut c = lab.connect("api").await;
+    let client = c.tls.get_ref().0.local_addr().unwrap();
+    // A refused request whose body, which the router never reads, follows it at once.
+    let mut request =
+        format!("POST / HTTP/1.1\r\nHost: {other}\r\nContent-Length: 65536\r\n\r\n").into_bytes();
+    request.resize(request.len() + 65536, b'x');
+    c.send(&request).await;
+    assert_eq!(c.response().await.expect("a 421").status, 421);
+    assert!(c.rest().await.is_empty());
+    // The client ends its side once it has the answer. Closing with the body unread would reset the
+    // connection, and a reset can destroy the answer on its way; the router reads what is left first.
+    let _ = c.tls.get_mut().0.shutdown().await;
+    proxy_support::connection_event(lab.world.mark, client).await;
+    let error = c.tls.get_ref().0.take_error().unwrap();
+    assert!(
+        error.is_none(),
+        "the router reset the connection: {error:?}"
+    );
+    assert!(lab.recorder.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_preface_upgrade_and_connect_are_refused() {
     require_netns!();
     let lab = Lab::start("injh2").await;

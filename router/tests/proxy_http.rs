@@ -102,6 +102,46 @@ async fn http_routing_and_refusals() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_refusal_with_an_unread_body_ends_without_a_reset() {
+    require_netns!();
+    let w = Scenario::new("httplinger")
+        .host("www")
+        .resolves("evil")
+        .http_upstream()
+        .start()
+        .await;
+    let evil = w.name("evil");
+    let mark = proxy_support::log_mark();
+    let mut s = TcpStream::connect(w.router.http).await.unwrap();
+    let client = s.local_addr().unwrap();
+    // A refused request whose body, which the router never reads, follows it at once.
+    let mut request =
+        format!("POST / HTTP/1.1\r\nHost: {evil}\r\nContent-Length: 65536\r\n\r\n").into_bytes();
+    request.resize(request.len() + 65536, b'x');
+    s.write_all(&request).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("the refusal and the end of the router's side in time")
+        .unwrap();
+    assert!(
+        got.starts_with(b"HTTP/1.1 403 "),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // The client ends its side once it has the answer; the router has read what was left, and
+    // closes without a reset (which could have destroyed the answer on its way).
+    s.shutdown().await.unwrap();
+    proxy_support::connection_event(mark, client).await;
+    let error = s.take_error().unwrap();
+    assert!(
+        error.is_none(),
+        "the router reset the connection: {error:?}"
+    );
+    assert_eq!(w.http().get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_keep_alive_host_switch_is_refused() {
     require_netns!();
     // Both are allowed: switching between two allowed names is still refused.

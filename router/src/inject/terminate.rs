@@ -47,6 +47,7 @@ use crate::fairness::{PeekBudgetSpent, PeekCharge};
 use crate::metrics::{CloseReason, Injected, RefusalReason};
 use crate::proxy::conn_log::ConnLog;
 use crate::proxy::http::{BodyFramer, BodyLength, HeadError, HeadReader, RequestHead};
+use crate::proxy::refusal::discard_briefly;
 use crate::proxy::{show, Proxy};
 
 mod paths;
@@ -117,6 +118,37 @@ impl AsyncWrite for Replay {
     }
 }
 
+/// Writing to the client; remembers whether the router ended its side cleanly (close_notify and FIN
+/// sent), after which the connection lingers briefly before it is closed.
+pub(crate) struct ClientWriter {
+    /// The write half.
+    inner: WriteHalf<ClientTls>,
+    /// The shutdown completed.
+    ended: bool,
+}
+
+impl AsyncWrite for ClientWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let done = Pin::new(&mut self.inner).poll_shutdown(cx);
+        if matches!(done, Poll::Ready(Ok(()))) {
+            self.ended = true;
+        }
+        done
+    }
+}
+
 /// Why a terminated connection ended early (already answered and logged when it matters).
 #[derive(Debug)]
 struct End;
@@ -177,14 +209,22 @@ pub(crate) async fn serve(
         name,
         log,
         client_r,
-        client_w,
+        client_w: ClientWriter {
+            inner: client_w,
+            ended: false,
+        },
         upstream: None,
         buf: Vec::new(),
         peek: PeekCharge::new(&proxy.bounds.peek),
         rbuf: Vec::new(),
         scanner: Scanner::new(inject.secrets()),
     };
-    let _ = proxy.until_idle(log, conn.run()).await;
+    if proxy.until_idle(log, conn.run()).await.is_some() && conn.client_w.ended {
+        // Whatever the client still sends (a pipelined request, the body of a refused one) is read
+        // and dropped for a moment, as the listeners do for their refusals: closing with it unread
+        // would reset the connection, and a reset can destroy the answer before the client reads it.
+        discard_briefly(&mut conn.client_r).await;
+    }
 }
 
 /// One terminated connection's state.
@@ -200,7 +240,7 @@ struct Terminated<'a> {
     /// Reading the client.
     client_r: ReadHalf<ClientTls>,
     /// Writing to the client.
-    client_w: WriteHalf<ClientTls>,
+    client_w: ClientWriter,
     /// The upstream, once the first request passed the checks.
     upstream: Option<(ReadHalf<UpstreamTls>, WriteHalf<UpstreamTls>)>,
     /// Client bytes read and not yet forwarded (the head being read, a pipelined request).

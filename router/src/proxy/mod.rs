@@ -44,7 +44,7 @@ mod guard;
 pub mod http;
 mod http_conn;
 mod listener;
-mod refusal;
+pub(crate) mod refusal;
 pub mod relay;
 pub mod retry;
 pub mod tls;

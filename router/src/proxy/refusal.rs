@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use agent_sandbox_shared::{NameError, Refusal};
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
 
 use super::http::{self, Status};
@@ -225,6 +226,23 @@ async fn close_gently(client: &TcpStream) {
         while total < LINGER_DRAIN {
             buf.clear();
             match read_some(client, &mut buf, PEEK_READ).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+/// What [`close_gently`] does after the end of the stream, for a stream that is not a bare socket (a
+/// terminated TLS connection, whose end the caller has already sent): reads and discards what the client
+/// still sends, for at most [`LINGER`] and [`LINGER_DRAIN`] bytes, until it ends or fails.
+pub(crate) async fn discard_briefly<R: AsyncRead + Unpin>(client: &mut R) {
+    let drain = async {
+        let mut buf = vec![0u8; PEEK_READ];
+        let mut total = 0usize;
+        while total < LINGER_DRAIN {
+            match client.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => total += n,
             }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use agent_sandbox_shared::logs;
 use agent_sandbox_shared::HostName;
-use tokio::io::{AsyncWriteExt as _, ReadHalf, WriteHalf};
+use tokio::io::{AsyncWriteExt as _, ReadHalf};
 use tracing::warn;
 
 use super::response::{
     bad_gateway, dechunk, parse_response, with_length, Body, Dechunker, ResponseFrame,
 };
-use super::{read_into, ClientTls, End, UpstreamTls, MAX_TOKEN_BODY};
+use super::{read_into, ClientWriter, End, UpstreamTls, MAX_TOKEN_BODY};
 use crate::inject::oauth_hook::{self, TokenFinish};
 use crate::inject::scan::Scanner;
 use crate::inject::Injector;
@@ -26,7 +26,7 @@ pub(super) struct Relay<'r> {
     /// Upstream bytes read and not yet sent on.
     pub(super) rbuf: &'r mut Vec<u8>,
     /// Writing to the client.
-    pub(super) client_w: &'r mut WriteHalf<ClientTls>,
+    pub(super) client_w: &'r mut ClientWriter,
     /// The secret scan.
     pub(super) scanner: &'r mut Scanner,
     /// The connection's log.
