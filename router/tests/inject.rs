@@ -569,6 +569,17 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                     }
                     continue;
                 }
+                if path == "/big-head" {
+                    // A response head of 40 KB: more than one read's room in the router.
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nX-Pad: {}\r\nContent-Length: 7\r\n\r\nbig ok\n",
+                        "b".repeat(40_000)
+                    );
+                    if tls.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 let body = if path == "/echo-key" {
                     format!("{{\"error\":\"bad key {key}\"}}")
                 } else {
@@ -1223,6 +1234,31 @@ async fn large_heads_on_terminated_connections_share_the_memory_budget() {
     assert!(r.as_ref().is_none_or(|r| r.status == 503), "{r:?}");
     let r = status(10).await.expect("an ordinary request is answered");
     assert_eq!(r.status, 200, "{r:?}");
+    // The upstream's large response head is charged to the same budget: not held, a 502.
+    let big_request = format!("GET /big-head HTTP/1.1\r\nHost: {api}\r\n\r\n");
+    let big_head = || {
+        let (lab, request) = (&lab, &big_request);
+        async move {
+            let mut c = lab.connect("api").await;
+            c.send(request.as_bytes()).await;
+            c.response().await
+        }
+    };
+    let r = big_head().await.expect("a 502");
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("memory for large heads"),
+        "{r:?}"
+    );
+    let failed = poll(|| {
+        events_since(mark, "upstream failed").into_iter().find(|e| {
+            e["error"]
+                .as_str()
+                .is_some_and(|r| r.contains("response head: the router's memory"))
+        })
+    })
+    .await;
+    assert_eq!(failed["name"], api.as_str(), "{failed}");
     drop(holders);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while status(40_000).await.is_none_or(|r| r.status != 200) {
@@ -1231,6 +1267,9 @@ async fn large_heads_on_terminated_connections_share_the_memory_budget() {
             "the budget was not given back"
         );
     }
+    // With room again, the large response head is relayed.
+    let r = big_head().await.expect("the large head relayed");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"big ok\n"[..]));
 }
 
 /// A token endpoint's answer in a content coding (which the router asked it not to use) could carry a

@@ -217,6 +217,7 @@ pub(crate) async fn serve(
         buf: Vec::new(),
         peek: PeekCharge::new(&proxy.bounds.peek),
         rbuf: Vec::new(),
+        rpeek: PeekCharge::new(&proxy.bounds.peek),
         scanner: Scanner::new(inject.secrets()),
     };
     if proxy.until_idle(log, conn.run()).await.is_some() && conn.client_w.ended {
@@ -250,6 +251,8 @@ struct Terminated<'a> {
     peek: PeekCharge<'a>,
     /// Upstream bytes read and not yet sent on.
     rbuf: Vec<u8>,
+    /// What `rbuf` holds past one read's room (a large response head), charged to the same budget.
+    rpeek: PeekCharge<'a>,
     /// Every byte to the client passes through it.
     scanner: Scanner,
 }
@@ -590,6 +593,7 @@ impl Terminated<'_> {
             log,
             name: &self.name,
             inject: self.inject,
+            peek: &mut self.rpeek,
         };
         let (_, keep) = tokio::try_join!(send, relay.response(is_head))?;
         Ok(keep)
@@ -692,6 +696,7 @@ impl Terminated<'_> {
             log,
             name: &self.name,
             inject: self.inject,
+            peek: &mut self.rpeek,
         };
         // `exchange` holds the store's lock (every session's, through the flock) until it is finished
         // or dropped: a token endpoint that does not answer must not keep it for the idle timeout,

@@ -30,7 +30,13 @@ const SERVER_HELLO: u8 = 2;
 /// Handshake header (type, 24-bit length) + legacy_version + random: all the watch needs to see.
 const NEEDED: usize = 4 + 2 + 32;
 /// The most upstream bytes buffered before deciding; a ServerHello's opening fits in its first record.
+/// A safety net: [`MAX_UNDECIDED`] is the real bound.
 pub const MAX_SERVER_PEEK: usize = 32 * 1024;
+/// The most upstream bytes the watch can hold undecided, whatever the upstream sends: every complete
+/// handshake record gives the opening at least one byte, so at most `NEEDED - 1` records of one byte
+/// each, then the header of one more. A read (at most 4 KiB here) lands whole on top before the
+/// decision, so what an upstream can make a connection hold here is small, and it is not charged.
+pub const MAX_UNDECIDED: usize = (NEEDED - 1) * (5 + 1) + 5;
 
 /// What the upstream's first handshake message says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,6 +306,55 @@ mod tests {
         );
         // Incomplete: undecided.
         assert_eq!(watch(&server_hello(&HRR_RANDOM)[..20], 1), None);
+    }
+
+    #[test]
+    fn the_worst_upstream_is_undecided_for_at_most_max_undecided_bytes() {
+        // One payload byte per record: a ServerHello's type, then 36 more, then a header.
+        let mut worst = vec![HANDSHAKE, 3, 3, 0, 1, SERVER_HELLO];
+        for _ in 1..NEEDED - 1 {
+            worst.extend_from_slice(&[HANDSHAKE, 3, 3, 0, 1, 0]);
+        }
+        worst.extend_from_slice(&[HANDSHAKE, 3, 3, 0, 1]);
+        assert_eq!(worst.len(), MAX_UNDECIDED);
+        assert_eq!(watch(&worst, 1), None);
+        worst.push(0);
+        assert_eq!(watch(&worst, 1), Some(ServerFirst::Other));
+    }
+
+    proptest::proptest! {
+        /// Whatever handshake records an upstream sends, however they are split, the watch decides
+        /// before it holds more than [`MAX_UNDECIDED`] bytes.
+        #[test]
+        fn no_upstream_keeps_the_watch_undecided_past_its_bound(
+            records in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![8 => 1u16..3, 1 => 0u16..80],
+                    proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+                ),
+                1..60,
+            ),
+            first in proptest::sample::select(vec![SERVER_HELLO, 1, 11]),
+        ) {
+            let mut stream = Vec::new();
+            for (i, (len, payload)) in records.iter().enumerate() {
+                stream.extend_from_slice(&[HANDSHAKE, 3, 3]);
+                stream.extend_from_slice(&len.to_be_bytes());
+                let mut body = payload.clone();
+                body.resize(usize::from(*len), 0);
+                if i == 0 && !body.is_empty() {
+                    body[0] = first;
+                }
+                stream.extend_from_slice(&body);
+            }
+            let mut w = ServerHelloWatch::new();
+            for b in &stream {
+                if w.push(std::slice::from_ref(b)).is_some() {
+                    break;
+                }
+                proptest::prop_assert!(w.buffered().len() <= MAX_UNDECIDED);
+            }
+        }
     }
 
     fn second(first: &[u8], bytes: &[u8], step: usize) -> Result<bool, RetryError> {

@@ -12,7 +12,8 @@ use tracing::warn;
 use super::response::{
     bad_gateway, dechunk, parse_response, with_length, Body, Dechunker, ResponseFrame,
 };
-use super::{read_into, ClientWriter, End, UpstreamTls, MAX_TOKEN_BODY};
+use super::{read_into, ClientWriter, End, UpstreamTls, MAX_TOKEN_BODY, READ};
+use crate::fairness::{PeekBudgetSpent, PeekCharge};
 use crate::inject::oauth_hook::{self, TokenFinish};
 use crate::inject::scan::Scanner;
 use crate::inject::Injector;
@@ -20,7 +21,7 @@ use crate::proxy::conn_log::ConnLog;
 use crate::proxy::http::{BodyFramer, BodyLength};
 
 /// The upstream-to-client half of an exchange.
-pub(super) struct Relay<'r> {
+pub(super) struct Relay<'r, 'p> {
     /// Reading the upstream.
     pub(super) up_r: &'r mut ReadHalf<UpstreamTls>,
     /// Upstream bytes read and not yet sent on.
@@ -35,9 +36,12 @@ pub(super) struct Relay<'r> {
     pub(super) name: &'r HostName,
     /// For the secrets.
     pub(super) inject: &'r Arc<Injector>,
+    /// What `rbuf` holds past one read's room (a large response head), charged to the router-wide
+    /// budget for large heads, as the client's heads are.
+    pub(super) peek: &'r mut PeekCharge<'p>,
 }
 
-impl Relay<'_> {
+impl Relay<'_, '_> {
     /// Reads a response head (after any interim ones) into `rbuf`.
     pub(super) async fn head(&mut self) -> Result<ResponseFrame, End> {
         loop {
@@ -48,7 +52,35 @@ impl Relay<'_> {
                 self.bad_upstream("the upstream closed before a complete response head");
                 return Err(End);
             }
+            if self
+                .peek
+                .hold(self.rbuf.capacity().saturating_sub(READ))
+                .is_err()
+            {
+                // Nothing of this response has been sent (an interim answer may have been): the
+                // client gets a 502 and the connection ends, the buffer let go first.
+                *self.rbuf = Vec::new();
+                self.bad_upstream(&format!("response head: {PeekBudgetSpent}"));
+                self.write(&bad_gateway(
+                    "the router's memory for large heads is in use; try again shortly",
+                ))
+                .await?;
+                let _ = self.client_w.shutdown().await;
+                return Err(End);
+            }
         }
+    }
+
+    /// Takes a response head of `len` bytes out of `rbuf`, and gives back what a large head made it
+    /// hold.
+    pub(super) fn take_head(&mut self, len: usize) -> Vec<u8> {
+        let head: Vec<u8> = self.rbuf.drain(..len).collect();
+        if self.rbuf.capacity() > READ && self.rbuf.len() <= READ {
+            self.rbuf.shrink_to(READ);
+        }
+        // Giving back cannot fail; a body already past one read's room stays charged.
+        let _ = self.peek.hold(self.rbuf.capacity().saturating_sub(READ));
+        head
     }
 
     /// The length of the next piece of a framed response body in `rbuf`, reading from the upstream when
@@ -134,7 +166,7 @@ impl Relay<'_> {
         self.scanner.set_secrets(self.inject.secrets());
         loop {
             let frame = self.head().await?;
-            let head: Vec<u8> = self.rbuf.drain(..frame.len).collect();
+            let head = self.take_head(frame.len);
             if frame.code == 101 {
                 return Err(self.bad_upstream("the upstream switched protocols unasked"));
             }
@@ -220,7 +252,7 @@ impl Relay<'_> {
             }
             if (100..200).contains(&frame.code) {
                 // Interim answers carry nothing of the store's; dropped (the body was sent whole).
-                self.rbuf.drain(..frame.len);
+                self.take_head(frame.len);
                 continue;
             }
             break frame;
@@ -228,7 +260,7 @@ impl Relay<'_> {
         if frame.encoded {
             return self.refuse_encoded().await;
         }
-        let head: Vec<u8> = self.rbuf.drain(..frame.len).collect();
+        let head = self.take_head(frame.len);
         let mut raw = Vec::new();
         match frame.body {
             Body::Framed(length) => {
