@@ -170,12 +170,13 @@ pub(super) fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
 
 /// Counts what reaches listeners on this host from the sandbox (which must be nothing). The probe
 /// sends a datagram to each of this host's addresses and cannot tell whether it arrived: these
-/// listeners are the verdict, so there is one for each address family the probe aims at.
+/// listeners are the verdict, so there is one for each address family the probe aims at, for TCP too
+/// (where the probe also sees a connection get through, or be refused, itself).
 pub(super) struct HostListeners {
-    /// The TCP listener's port (the probe itself sees a TCP connection get through, or be refused).
-    pub(super) tcp_port: u16,
+    /// The ports of the TCP listeners, one per address family.
+    pub(super) tcp_ports: Ports,
     /// The ports of the UDP sockets, one per address family.
-    pub(super) udp_ports: UdpPorts,
+    pub(super) udp_ports: Ports,
     /// Connections and datagrams received.
     pub(super) hits: Arc<AtomicUsize>,
     /// Tells the thread to stop.
@@ -186,21 +187,31 @@ pub(super) struct HostListeners {
 
 impl HostListeners {
     pub(super) fn start() -> anyhow::Result<HostListeners> {
-        let tcp = TcpListener::bind("0.0.0.0:0").context("cannot bind a TCP listener")?;
-        // Two sockets, each on a port of its own, rather than one dual-stack socket: whether `[::]`
-        // also receives IPv4 depends on net.ipv6.bindv6only, and a v6-only socket would miss what is
-        // sent to the IPv4 addresses.
+        // Two sockets per protocol, each on a port of its own, rather than one dual-stack socket:
+        // whether `[::]` also receives IPv4 depends on net.ipv6.bindv6only, and a v6-only socket would
+        // miss what is sent to the IPv4 addresses. A host without IPv6 has no IPv6 sockets.
+        let tcp_v4 = TcpListener::bind("0.0.0.0:0").context("cannot bind an IPv4 TCP listener")?;
+        let tcp_v6 = TcpListener::bind("[::]:0").ok();
         let udp_v4 = UdpSocket::bind("0.0.0.0:0").context("cannot bind an IPv4 UDP socket")?;
         let udp_v6 = UdpSocket::bind("[::]:0").ok();
-        let tcp_port = tcp.local_addr()?.port();
-        let udp_ports = UdpPorts {
+        let tcp_ports = Ports {
+            v4: tcp_v4.local_addr()?.port(),
+            v6: match &tcp_v6 {
+                Some(s) => Some(s.local_addr()?.port()),
+                None => None,
+            },
+        };
+        let udp_ports = Ports {
             v4: udp_v4.local_addr()?.port(),
             v6: match &udp_v6 {
                 Some(s) => Some(s.local_addr()?.port()),
                 None => None,
             },
         };
-        tcp.set_nonblocking(true)?;
+        let tcp: Vec<TcpListener> = std::iter::once(tcp_v4).chain(tcp_v6).collect();
+        for s in &tcp {
+            s.set_nonblocking(true)?;
+        }
         let udp: Vec<UdpSocket> = std::iter::once(udp_v4).chain(udp_v6).collect();
         for s in &udp {
             s.set_read_timeout(Some(Duration::from_millis(25)))?;
@@ -211,10 +222,12 @@ impl HostListeners {
             let (hits, stop) = (Arc::clone(&hits), Arc::clone(&stop));
             std::thread::spawn(move || {
                 let mut buf = [0u8; 512];
-                // The UDP reads' timeouts pace the loop; the TCP accept is non-blocking.
+                // The UDP reads' timeouts pace the loop; the TCP accepts are non-blocking.
                 while !stop.load(Ordering::SeqCst) {
-                    if tcp.accept().is_ok() {
-                        hits.fetch_add(1, Ordering::SeqCst);
+                    for s in &tcp {
+                        while s.accept().is_ok() {
+                            hits.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                     for s in &udp {
                         if s.recv_from(&mut buf).is_ok() {
@@ -225,7 +238,7 @@ impl HostListeners {
             })
         };
         Ok(HostListeners {
-            tcp_port,
+            tcp_ports,
             udp_ports,
             hits,
             stop,
@@ -242,25 +255,25 @@ impl HostListeners {
     }
 }
 
-/// Where datagrams to this host's addresses are counted: the UDP port for each address family.
+/// Where what is sent to this host's addresses is counted: the port for each address family.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct UdpPorts {
+pub(super) struct Ports {
     /// For IPv4 addresses.
     pub(super) v4: u16,
     /// For IPv6 addresses (None: no IPv6 socket could be opened).
     pub(super) v6: Option<u16>,
 }
 
-impl UdpPorts {
-    /// The ports, for the report.
-    pub(super) fn describe(self) -> String {
+impl Ports {
+    /// The ports, for the report: `proto` is "TCP" or "UDP".
+    pub(super) fn describe(self, proto: &str) -> String {
         match self.v6 {
-            Some(v6) => format!("UDP {} and {v6} (IPv6)", self.v4),
-            None => format!("UDP {}", self.v4),
+            Some(v6) => format!("{proto} {} and {v6} (IPv6)", self.v4),
+            None => format!("{proto} {}", self.v4),
         }
     }
 
-    /// The port that counts datagrams sent to `address`, if any does.
+    /// The port that counts what is sent to `address`, if any does.
     pub(super) fn for_address(self, address: IpAddr) -> Option<u16> {
         match address {
             IpAddr::V4(_) => Some(self.v4),

@@ -28,7 +28,7 @@ pub use super::host::{
     default_resolv_conf, host_addresses, hosts_file_addresses, resolvers, HostLookup,
     LOOKUP_DEADLINE, MAX_UPSTREAM_ADDRESSES,
 };
-use super::host::{HostListeners, Lookup, UdpPorts};
+use super::host::{HostListeners, Lookup, Ports};
 use super::report::{Check, Section, Status};
 use crate::podman::json::Network;
 use crate::podman::{args, Podman};
@@ -266,9 +266,13 @@ fn run_inner(
     let host_resolv = fs::read_to_string(&options.host_resolv_conf).unwrap_or_default();
     let mut extra = Vec::new();
     progress("starting a session as `agent-sandbox` would");
-    let tcp_port = listeners.tcp_port;
+    let tcp_ports = listeners.tcp_ports;
     let udp_ports = listeners.udp_ports;
-    let udp_described = udp_ports.describe();
+    let described = format!(
+        "{}, {}",
+        tcp_ports.describe("TCP"),
+        udp_ports.describe("UDP")
+    );
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
     let mut nested_expected = Vec::new();
     let output = session::run_probe(
@@ -293,7 +297,7 @@ fn run_inner(
             let aim = Aim {
                 name,
                 exact: if options.reach { exact } else { Vec::new() },
-                tcp_port,
+                tcp_ports,
                 udp_ports,
                 host_resolvers: resolvers(&host_resolv),
                 nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
@@ -337,7 +341,7 @@ fn run_inner(
         Check::pass(
             Section::Containment,
             "host-listeners",
-            format!("listeners on this host (TCP {tcp_port}, {udp_described}) received nothing from the sandbox"),
+            format!("listeners on this host ({described}) received nothing from the sandbox"),
         )
     } else {
         Check::bad(
@@ -357,10 +361,10 @@ struct Aim {
     name: String,
     /// The exact allowlisted names to reach (`--reach`), or none.
     exact: Vec<String>,
-    /// The port of this host's TCP listener.
-    tcp_port: u16,
+    /// The ports of this host's TCP listeners.
+    tcp_ports: Ports,
     /// The ports of this host's UDP listeners.
-    udp_ports: UdpPorts,
+    udp_ports: Ports,
     /// The host's DNS servers.
     host_resolvers: Vec<IpAddr>,
     /// The name the nested probe's tarball is imported as.
@@ -375,7 +379,6 @@ fn spec(
     lookup: Option<Lookup>,
     extra: &mut Vec<Check>,
 ) -> ProbeSpec {
-    let tcp_port = aim.tcp_port;
     let expect = t
         .loopbacks
         .iter()
@@ -391,6 +394,9 @@ fn spec(
         ..ProbeSpec::default()
     };
     for a in host_addresses() {
+        // Without an IPv6 listener, an IPv6 address is still tried, at the IPv4 listener's port: the
+        // probe counts a refused connection as one that reached this host.
+        let tcp_port = aim.tcp_ports.for_address(a).unwrap_or(aim.tcp_ports.v4);
         spec.tcp.push(("host".into(), a.to_string(), tcp_port));
         match aim.udp_ports.for_address(a) {
             Some(port) => spec.udp.push(("host".into(), a.to_string(), port)),
@@ -680,21 +686,28 @@ noise from python
     }
 
     #[test]
-    fn the_host_listeners_count_datagrams_to_ipv4_and_ipv6_addresses() {
+    fn the_host_listeners_count_what_reaches_ipv4_and_ipv6_addresses() {
         let listeners = HostListeners::start().unwrap();
-        let ports = listeners.udp_ports;
+        let (tcp, udp) = (listeners.tcp_ports, listeners.udp_ports);
         let v4: IpAddr = "127.0.0.1".parse().unwrap();
         let v6: IpAddr = "::1".parse().unwrap();
-        let v6_port = ports
+        let udp_v6 = udp
             .for_address(v6)
-            .expect("this host has IPv6 loopback: an IPv6 listener");
-        assert_ne!(Some(v6_port), Some(ports.v4));
-        assert_eq!(
-            ports.for_address("::ffff:127.0.0.1".parse().unwrap()),
-            Some(ports.v4)
-        );
+            .expect("this host has IPv6 loopback: an IPv6 UDP listener");
+        let tcp_v6 = tcp
+            .for_address(v6)
+            .expect("this host has IPv6 loopback: an IPv6 TCP listener");
+        assert_ne!(udp_v6, udp.v4);
+        assert_ne!(tcp_v6, tcp.v4);
+        for ports in [tcp, udp] {
+            assert_eq!(
+                ports.for_address("::ffff:127.0.0.1".parse().unwrap()),
+                Some(ports.v4)
+            );
+        }
+        assert!(tcp.describe("TCP").ends_with("(IPv6)"));
         // As the probe sends them: from a socket of the destination's family, to the port it was told.
-        for (to, port) in [(v4, ports.v4), (v6, v6_port)] {
+        for (to, port) in [(v4, udp.v4), (v6, udp_v6)] {
             let from = if to.is_ipv4() {
                 "127.0.0.1:0"
             } else {
@@ -705,14 +718,17 @@ noise from python
                 .send_to(b"agent-sandbox doctor", (to, port))
                 .unwrap();
         }
+        for (to, port) in [(v4, tcp.v4), (v6, tcp_v6)] {
+            drop(std::net::TcpStream::connect((to, port)).unwrap());
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while listeners.hits.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+        while listeners.hits.load(Ordering::SeqCst) < 4 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(
             listeners.finish(),
-            2,
-            "one datagram to 127.0.0.1, one to ::1"
+            4,
+            "a datagram and a connection each to 127.0.0.1 and to ::1"
         );
         let nothing = HostListeners::start().unwrap();
         assert_eq!(nothing.finish(), 0);
