@@ -43,23 +43,10 @@ fn selected(podman: &Podman, id: Option<&str>) -> anyhow::Result<Vec<Running>> {
 /// The refusals so far in one session's router log: read from its file when the session says where
 /// it is (no podman process), else through `podman logs`.
 pub fn refusals(podman: &Podman, s: &Running) -> anyhow::Result<BTreeMap<String, report::Refused>> {
-    let from_file = files::read_log_path(&s.dir.join(files::ROUTER_LOG_PATH_FILE))
-        .and_then(|path| logfile::read_messages(&path, 0, MAX_LOG_READ).ok());
-    let log = match from_file {
-        Some(log) => log,
-        None => {
-            let out = podman.output(&args::logs(&s.router))?;
-            let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
-            log.push_str(&String::from_utf8_lossy(&out.stderr));
-            log
-        }
-    };
+    let file = files::read_log_path(&s.dir.join(files::ROUTER_LOG_PATH_FILE));
+    let log = logfile::whole_log(podman, &s.router, file.as_deref())?;
     Ok(report::refusals(&log))
 }
-
-/// The most of a router log read: more than its size cap (`ROUTER_LOG_MAX` in the podman arguments),
-/// past which conmon starts it again.
-const MAX_LOG_READ: u64 = 64 * 1024 * 1024;
 
 /// Prints the refused names with counts, per session.
 pub fn list(podman: &Podman, id: Option<&str>) -> anyhow::Result<()> {

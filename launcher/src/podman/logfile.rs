@@ -33,6 +33,26 @@ pub fn read_file_messages(mut f: &std::fs::File, offset: u64, max: u64) -> std::
     Ok(messages(&String::from_utf8_lossy(&bytes)))
 }
 
+/// The most of a whole log read: more than the router's size cap (`ROUTER_LOG_MAX`), past which
+/// conmon starts it again.
+pub const MAX_WHOLE_LOG: u64 = 64 * 1024 * 1024;
+
+/// The messages of `container`'s whole log: read from `file` (where the session put it) when there is
+/// one that can be read, else through `podman logs` (its stdout, then its stderr).
+pub fn whole_log(
+    podman: &super::Podman,
+    container: &str,
+    file: Option<&Path>,
+) -> Result<String, super::PodmanError> {
+    if let Some(log) = file.and_then(|f| read_messages(f, 0, MAX_WHOLE_LOG).ok()) {
+        return Ok(log);
+    }
+    let out = podman.output(&super::args::logs(container))?;
+    let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+    log.push_str(&String::from_utf8_lossy(&out.stderr));
+    Ok(log)
+}
+
 /// The messages of a k8s-file log, one per line. Its lines are `TIME STREAM TAG MESSAGE`, and a
 /// message the container wrote in several pieces may be split over several lines: tag `P` (partial)
 /// for each piece but the last, `F` (full) for the last. Pieces are joined again; a partial message
@@ -109,6 +129,41 @@ mod tests {
             " INFO listening on 127.0.0.4:80 to=10.0.0.2:80\n INFO reloaded: 9 relays, 3 opened, 0 closed\n"
         );
         assert_eq!(messages("garbage\n\n"), "");
+    }
+
+    /// The whole log comes from the file when there is one (no podman process), else from
+    /// `podman logs`, stdout then stderr.
+    #[test]
+    fn the_whole_log_comes_from_the_file_else_from_podman_logs() {
+        let dir = Scratch::new("whole");
+        let path = dir.path().join("router.log");
+        std::fs::write(
+            &path,
+            "2026-12-02T12:31:00.1+00:00 stderr F {\"refused\":1}\n",
+        )
+        .unwrap();
+        // A podman that must not run: a program that does not exist.
+        let absent = super::super::Podman::stand_in(dir.path().join("no-podman"));
+        assert_eq!(
+            whole_log(&absent, "ctr", Some(&path)).unwrap(),
+            "{\"refused\":1}\n"
+        );
+        assert!(whole_log(&absent, "ctr", Some(&dir.path().join("gone.log"))).is_err());
+        // A stand-in podman that prints what `podman logs` would, on both streams.
+        let script = dir.path().join("podman");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n[ \"$1 $2\" = \"logs ctr\" ] || exit 3\necho out\necho err >&2\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let stand_in = super::super::Podman::stand_in(&script);
+        assert_eq!(whole_log(&stand_in, "ctr", None).unwrap(), "out\nerr\n");
+        assert_eq!(
+            whole_log(&stand_in, "ctr", Some(&dir.path().join("gone.log"))).unwrap(),
+            "out\nerr\n"
+        );
     }
 
     /// Read from an offset; from the start once the file is shorter than the offset (rotated); a

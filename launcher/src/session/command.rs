@@ -12,7 +12,7 @@ use super::checks::Checked;
 use super::shared::Shared;
 use super::start::Session;
 use super::PASS_ENV;
-use crate::podman::{args, Podman, SandboxCa, SandboxSpec};
+use crate::podman::{args, logfile, Podman, SandboxCa, SandboxSpec};
 use crate::report;
 use crate::settings::Settings;
 use crate::signals::SignalWatch;
@@ -124,11 +124,11 @@ pub(super) fn run_captured(
         .context("running the probe in the sandbox")
 }
 
-/// Step 5: what the router refused, from its log (nothing when nothing was refused).
-pub(super) fn report_refusals(podman: &Podman, router: &str, allowlist: &Path) {
-    if let Ok(out) = podman.output(&args::logs(router)) {
-        let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
-        log.push_str(&String::from_utf8_lossy(&out.stderr));
+/// Step 5: what the router refused, from its log (nothing when nothing was refused): its file when
+/// the session named one, else `podman logs`.
+pub(super) fn report_refusals(podman: &Podman, session: &Session, allowlist: &Path) {
+    let file = session.router_log.as_deref();
+    if let Ok(log) = logfile::whole_log(podman, &session.router, file) {
         if let Some(text) =
             report::render(&report::refusals(&log), allowlist, report::truncated(&log))
         {

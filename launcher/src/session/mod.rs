@@ -110,7 +110,7 @@ pub fn run(
         podman, settings, checked, &shared, &session, command, signals,
     )
     .map_err(SessionError::Command)?;
-    command::report_refusals(podman, &session.router, &settings.allowlist);
+    command::report_refusals(podman, &session, &settings.allowlist);
     cleanup.run();
     Ok(command::exit_code(status))
 }

@@ -38,6 +38,8 @@ pub(super) struct Session {
     pub(super) pod: String,
     /// The router container.
     pub(super) router: String,
+    /// The router's log on the host, where the session put it (None: where podman put it).
+    pub(super) router_log: Option<PathBuf>,
     /// The session's /etc/hosts.
     pub(super) hosts: PathBuf,
     /// The session's /etc/resolv.conf.
@@ -73,6 +75,7 @@ pub(super) fn start(
         base: planned.base,
         pod: names.pod,
         router: names.router,
+        router_log: planned.router_log,
         hosts: planned.hosts,
         resolv: planned.resolv,
         router_ip: planned.router_ip,
