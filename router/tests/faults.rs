@@ -729,7 +729,9 @@ fn resolver_down() {
 fn client_resets_mid_hello() {
     let Some(f) = Fixture::new() else { return };
     let hello = build::hello_record(&[b"reset-client.test"], 2000);
-    for cut in [1, 5, 6, 100, hello.len() - 1] {
+    let before = f.router.finished_connections(&f.lab);
+    let cuts = [1, 5, 6, 100, hello.len() - 1];
+    for cut in cuts {
         let mut c = f.lab.connect(f.router.https);
         c.write_all(&hello[..cut]).unwrap();
         reset_on_close(&c);
@@ -739,6 +741,18 @@ fn client_resets_mid_hello() {
     c.write_all(b"GET / HTTP/1.1\r\nHost: reset-cl").unwrap();
     reset_on_close(&c);
     drop(c);
+    // Every reset connection accepted and finished with, before the settle's checks: otherwise they
+    // could run while the last ones still wait in the accept queue, and pass without them.
+    let want = before + cuts.len() as u64 + 1;
+    let deadline = Instant::now() + SETTLE;
+    while f.router.finished_connections(&f.lab) < want {
+        assert!(
+            Instant::now() < deadline,
+            "the router did not finish with the reset connections; log:\n{}",
+            f.router.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     f.settle("client resets mid-hello");
 }
 

@@ -419,6 +419,18 @@ impl RouterProc {
     /// over its listeners), read from its admin endpoint in R. Panics without one.
     #[allow(dead_code)] // not every test binary that includes the lab uses it
     pub fn open_connections(&self, lab: &Lab) -> u64 {
+        self.metric_sum(lab, "agent_sandbox_router_connections_open")
+    }
+
+    /// The connections the router has finished with (`agent_sandbox_router_connections_total`,
+    /// summed over its listeners and decisions). Panics without an admin endpoint.
+    #[allow(dead_code)] // not every test binary that includes the lab uses it
+    pub fn finished_connections(&self, lab: &Lab) -> u64 {
+        self.metric_sum(lab, "agent_sandbox_router_connections_total")
+    }
+
+    /// The sum of the samples of the metric `family`, read from the admin endpoint in R.
+    fn metric_sum(&self, lab: &Lab, family: &str) -> u64 {
         let admin = self
             .admin
             .expect("a router started with its admin endpoint");
@@ -428,13 +440,14 @@ impl RouterProc {
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        let prefix = format!("{family}{{");
         body.lines()
-            .filter(|l| l.starts_with("agent_sandbox_router_connections_open{"))
+            .filter(|l| l.starts_with(&prefix))
             .map(|l| {
                 l.rsplit(' ')
                     .next()
                     .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or_else(|| panic!("a gauge sample: {l}"))
+                    .unwrap_or_else(|| panic!("a sample: {l}"))
             })
             .sum()
     }
