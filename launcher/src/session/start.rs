@@ -146,7 +146,20 @@ fn plan(
     cleanup.dir = Some(dir.clone());
     create_session_dir(&dir)?;
     cleanup.log_dir = Some(logs.clone());
-    create_log_dir(&logs)?;
+    // Without a log directory of its own (a state directory that cannot be written, or one that
+    // fails its ownership checks), the session still starts: podman keeps the logs where it keeps
+    // every container's, and the live commands ask podman for them, more slowly.
+    let logs = match create_log_dir(&logs) {
+        Ok(()) => Some(logs),
+        Err(e) => {
+            // Nothing of it was made (its last step makes the session's own directory).
+            cleanup.log_dir = None;
+            say!(
+                "warning: {e:#}; the router's and the forwarder's logs stay where podman keeps them, and `agent-sandbox allow`, `deny` and `reload` take longer to confirm"
+            );
+            None
+        }
+    };
     let router_ip = router_address(&podman.run(&args::network_inspect(&network))?)
         .with_context(|| format!("cannot pick the router's address on network {network}"))?;
     let mut plan = SessionPlan::new(&checked.policy, router_ip)?;
@@ -177,8 +190,12 @@ fn plan(
     // The router's and the forwarder's logs go into the session's log directory, and the session
     // directory says where for the live commands, which read their verdicts there. Without a record
     // (a path podman cannot take, or not UTF-8) they ask podman.
-    let router_log = args::log_path_podman_takes(logs.join(files::ROUTER_LOG));
-    let forwarder_log = args::log_path_podman_takes(logs.join(files::FORWARDER_LOG));
+    let router_log = logs
+        .as_ref()
+        .and_then(|l| args::log_path_podman_takes(l.join(files::ROUTER_LOG)));
+    let forwarder_log = logs
+        .as_ref()
+        .and_then(|l| args::log_path_podman_takes(l.join(files::FORWARDER_LOG)));
     for (log, record) in [
         (&router_log, files::ROUTER_LOG_PATH_FILE),
         (&forwarder_log, files::FORWARDER_LOG_PATH_FILE),

@@ -28,6 +28,27 @@ pub(crate) fn run(s: &mut Suite<'_>) {
             r.code
         ),
     );
+    // A state directory that cannot be made: the session starts all the same (the logs stay where
+    // podman keeps them), says so, and leaves nothing.
+    let dir = s.project("exit-no-state-dir");
+    let r = s.launch_env(
+        &dir,
+        &["--no-inject", "--exec", "bash", "-c", "echo hello"],
+        &[("XDG_STATE_HOME", "/dev/null/state".to_owned())],
+    );
+    s.checks.check(
+        r.code == Some(0)
+            && r.stdout.contains("hello")
+            && r.stderr.contains("warning: cannot create /dev/null/state")
+            && r.stderr.contains("stay where podman keeps them")
+            && s.session_objects(&dir).is_empty(),
+        format!(
+            "[{}] no state directory: the session runs, with a warning, nothing left (status {:?}): {}",
+            mode.name(),
+            r.code,
+            r.stderr.trim()
+        ),
+    );
     for (signal, name, code) in [
         (libc::SIGTERM, "SIGTERM", 143),
         (libc::SIGHUP, "SIGHUP", 129),
