@@ -65,13 +65,43 @@ fn look(
         );
     }
     if Instant::now() > deadline {
+        let full = log_file.and_then(no_room).unwrap_or_default();
         bail!(
-            "{container} did not report all its listeners within {}s:\n{}",
+            "{container} did not report all its listeners within {}s{full}:\n{}",
             READY_TIMEOUT.as_secs(),
             log.trim_end()
         );
     }
     Ok(false)
+}
+
+/// Below this many bytes free, a container's log lines may not have been written.
+const LOW_SPACE: u64 = 64 * 1024;
+
+/// What to add to a timeout when the filesystem holding `log` is (nearly) full: conmon could not
+/// write the lines the launcher waits for, which looks like a container that never got ready.
+fn no_room(log: &Path) -> Option<String> {
+    let dir = log.parent()?;
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())).ok()?;
+    // SAFETY: statvfs writes only into the zeroed struct it is given; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // The fields are u64 on 64-bit Linux and narrower elsewhere.
+    #[allow(clippy::useless_conversion)]
+    let free = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
+    room_note(free, dir)
+}
+
+/// [`no_room`]'s text for `free` bytes left where `dir` is.
+fn room_note(free: u64, dir: &Path) -> Option<String> {
+    (free < LOW_SPACE).then(|| {
+        format!(
+            " (the filesystem holding {} has {free} bytes free: its log could not be written; free some space and start again)",
+            dir.display()
+        )
+    })
 }
 
 /// The most of a starting container's log read at one look: what it logs before its listeners is a
@@ -113,5 +143,20 @@ mod tests {
             &addrs(&["10.89.0.2:53", "10.89.0.2:443"])
         ));
         assert!(all_listening("", &[]));
+    }
+
+    #[test]
+    fn a_full_disk_is_named_at_the_timeout() {
+        let dir = Path::new("/home/me/.local/state/agent-sandbox/logs/agent-sandbox-0123456789ab");
+        let note = room_note(4096, dir).unwrap();
+        assert!(
+            note.contains(&dir.display().to_string()) && note.contains("4096 bytes free"),
+            "{note}"
+        );
+        assert_eq!(room_note(LOW_SPACE, dir), None);
+        // This machine's temp directory has room; a path that does not exist says nothing.
+        let here = std::env::temp_dir().join("x.log");
+        assert_eq!(no_room(&here), None);
+        assert_eq!(no_room(Path::new("/nonexistent-as/dir/x.log")), None);
     }
 }
