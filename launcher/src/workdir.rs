@@ -8,7 +8,7 @@
 //! directories, and the directory holding this program. These checks run on canonical paths (symlinks
 //! resolved) before anything is created.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt as _;
@@ -107,8 +107,10 @@ pub struct Guarded {
     /// runtime directory is unusable): refused themselves, inside and with every directory containing
     /// them.
     pub state: Vec<PathBuf>,
-    /// The launcher's executable: refused with every directory containing it.
-    pub executable: Option<PathBuf>,
+    /// The launcher's executable, canonical, and the path it was started by (a symlink to it, say),
+    /// with only its directory resolved: refused with every directory containing either, which the
+    /// sandbox could otherwise replace.
+    pub executables: Vec<PathBuf>,
 }
 
 /// `a` is `b`, inside it, or contains it.
@@ -167,7 +169,7 @@ pub fn check(dir: &Path, guarded: &Guarded) -> Result<(), Refusal> {
             path: path.clone(),
         });
     }
-    if let Some(exe) = guarded.executable.as_ref().filter(|e| e.starts_with(dir)) {
+    if let Some(exe) = guarded.executables.iter().find(|e| e.starts_with(dir)) {
         return Err(Refusal::ContainsLauncher {
             dir: refuse_dir(),
             exe: exe.clone(),
@@ -198,6 +200,8 @@ pub struct Identity {
     pub other_homes: Vec<PathBuf>,
     /// The launcher's executable (`std::env::current_exe`).
     pub executable: Option<PathBuf>,
+    /// The path the launcher was started by ([`invoked_path`]), absolute.
+    pub invoked: Option<PathBuf>,
 }
 
 impl Guarded {
@@ -282,9 +286,53 @@ impl Guarded {
             runtime: all(runtime)?,
             podman: all(podman)?,
             state: all(state)?,
-            executable: id.executable.as_deref().map(canon).transpose()?,
+            executables: {
+                let mut exes = Vec::new();
+                if let Some(e) = &id.executable {
+                    exes.push(canon(e)?);
+                }
+                // The link itself, not what it leads to: its directory resolved, its name kept.
+                if let Some((dir, name)) = id
+                    .invoked
+                    .as_deref()
+                    .and_then(|i| Some((i.parent()?, i.file_name()?)))
+                {
+                    let link = canon(dir)?.join(name);
+                    if !exes.contains(&link) {
+                        exes.push(link);
+                    }
+                }
+                exes
+            },
         })
     }
+}
+
+/// The path the launcher was started by, from its `argv[0]`: as given when it names a directory
+/// (made absolute from `cwd`), else the first `PATH` entry holding an executable of that name, as the
+/// shell found it. `None` when it cannot be told.
+#[must_use]
+pub fn invoked_path(argv0: &OsStr, path: Option<&OsStr>, cwd: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if argv0.is_empty() {
+        return None;
+    }
+    let given = Path::new(argv0);
+    if argv0.as_bytes().contains(&b'/') {
+        return Some(cwd.join(given));
+    }
+    std::env::split_paths(path?).find_map(|entry| {
+        // An empty entry is the current directory, as in the shell.
+        let entry = if entry.as_os_str().is_empty() {
+            cwd.to_owned()
+        } else {
+            cwd.join(entry)
+        };
+        let candidate = entry.join(given);
+        std::fs::metadata(&candidate)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .then_some(candidate)
+    })
 }
 
 /// The temp directory session directories fall back to (`crate::session::rundir`):
@@ -489,7 +537,7 @@ mod tests {
                 p("/var/lib/containers"),
                 p("/etc/containers/containers.conf"),
             ],
-            executable: Some(p("/opt/as/bin/agent-sandbox")),
+            executables: vec![p("/opt/as/bin/agent-sandbox")],
             ..guarded()
         };
         let refused = |dir: &str| check(Path::new(dir), &g).err();
@@ -554,6 +602,7 @@ mod tests {
             uid: 4242,
             other_homes: vec![p("/nonexistent-as/home/sudoer")],
             executable: Some(p("/nonexistent-as/bin/agent-sandbox")),
+            invoked: Some(p("/nonexistent-as/proj/tools/agent-sandbox")),
         };
         let g = Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], vars, &id).unwrap();
         assert_eq!(
@@ -587,6 +636,11 @@ mod tests {
         assert!(matches!(
             check(Path::new("/nonexistent-as/bin"), &g),
             Err(Refusal::ContainsLauncher { .. })
+        ));
+        // The path it was started by (a symlink in a project, say) is guarded too.
+        assert!(matches!(
+            check(Path::new("/nonexistent-as/proj"), &g),
+            Err(Refusal::ContainsLauncher { exe, .. }) if exe == p("/nonexistent-as/proj/tools/agent-sandbox")
         ));
         assert!(check(Path::new("/nonexistent-as/home/sudoer/project"), &g).is_ok());
         // agent-sandbox's state: the token store's directory and the session directories' fallback,
@@ -749,5 +803,93 @@ mod tests {
         std::os::unix::fs::symlink(&a, tmp.join("loop-b")).unwrap();
         let err = allowlist_locations(&a.join("allowed-hosts")).unwrap_err();
         assert!(err.to_string().contains("symlinks"), "{err}");
+    }
+
+    #[test]
+    fn the_invoked_path_is_found_as_the_shell_found_it() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("as-invoked-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        /// Removes the test's directory however the test ends.
+        struct Scratch(PathBuf);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
+        let _scratch = Scratch(dir.clone());
+        for sub in ["a", "b", "c"] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        // a: not executable; b: executable; c: a symlink to b's (kept as the link).
+        fs::write(dir.join("a/agent-sandbox"), "").unwrap();
+        fs::write(dir.join("b/agent-sandbox"), "").unwrap();
+        fs::set_permissions(
+            dir.join("b/agent-sandbox"),
+            fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(dir.join("b/agent-sandbox"), dir.join("c/agent-sandbox"))
+            .unwrap();
+        let name = OsStr::new("agent-sandbox");
+        let path = |entries: &[&str]| {
+            std::env::join_paths(entries.iter().map(|e| {
+                if e.is_empty() {
+                    PathBuf::new()
+                } else {
+                    dir.join(e)
+                }
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            invoked_path(name, Some(&path(&["a", "b", "c"])), &dir),
+            Some(dir.join("b/agent-sandbox"))
+        );
+        assert_eq!(
+            invoked_path(name, Some(&path(&["c", "b"])), &dir),
+            Some(dir.join("c/agent-sandbox"))
+        );
+        // An empty entry is the current directory.
+        assert_eq!(
+            invoked_path(name, Some(&path(&["a", ""])), &dir.join("b")),
+            Some(dir.join("b/agent-sandbox"))
+        );
+        assert_eq!(invoked_path(name, Some(&path(&["a"])), &dir), None);
+        assert_eq!(invoked_path(name, None, &dir), None);
+        // A path with a slash is taken as given, from the current directory.
+        assert_eq!(
+            invoked_path(OsStr::new("./c/agent-sandbox"), None, &dir),
+            Some(dir.join("./c/agent-sandbox"))
+        );
+        assert_eq!(
+            invoked_path(OsStr::new("/usr/bin/agent-sandbox"), None, &dir),
+            Some(p("/usr/bin/agent-sandbox"))
+        );
+        assert_eq!(
+            invoked_path(OsStr::new(""), Some(&path(&["b"])), &dir),
+            None
+        );
+        // Guarded: the link's directory resolved, its name kept, so a project holding the link is
+        // refused while the target is elsewhere.
+        let id = Identity {
+            uid: 4242,
+            other_homes: vec![],
+            executable: Some(dir.join("b/agent-sandbox")),
+            invoked: Some(dir.join("c/./agent-sandbox")),
+        };
+        let g =
+            Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();
+        let canon_dir = dir.canonicalize().unwrap();
+        assert!(
+            g.executables.contains(&canon_dir.join("c/agent-sandbox")),
+            "{:?}",
+            g.executables
+        );
+        assert!(matches!(
+            check(&canon_dir.join("c"), &g),
+            Err(Refusal::ContainsLauncher { exe, .. }) if exe == canon_dir.join("c/agent-sandbox")
+        ));
+        assert!(check(&canon_dir.join("a"), &g).is_ok());
     }
 }

@@ -266,6 +266,13 @@ fn identity(project: &Path) -> workdir::Identity {
             .filter(|h| h.is_absolute())
             .collect(),
         executable: std::env::current_exe().ok(),
+        invoked: std::env::args_os().next().and_then(|argv0| {
+            workdir::invoked_path(
+                &argv0,
+                std::env::var_os("PATH").as_deref(),
+                &std::env::current_dir().ok()?,
+            )
+        }),
     }
 }
 
