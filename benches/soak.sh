@@ -3,13 +3,17 @@
 # upstreams, watching its descriptors and RSS. `make soak`; not part of `make test`.
 #
 # Load (benches/soak_load.py, open loop): new TLS and new HTTP connections (paced), kept-alive HTTP
-# requests, slow clients (head byte by byte), garbage clients, a raw host:port relay in use, requests to
-# three faulty upstreams in turn (refuses: an address with no listener; accepts and never answers; resets
-# mid-response), plus DNS queries from dnsperf at a modest fixed rate. That is a subset of issue 17's
-# faults: the others (black-holed SYNs, half-closes, slow readers, the resolver down, slow, SERVFAIL or
-# truncated, clients resetting mid-hello) are router/tests/faults.rs's, each on its own, in `make test`. The upstreams live in a network
-# namespace this script creates (198.18.77.0/29 over a veth, no default route in it); the router listens
-# on 127.0.7.1, its resolver (dnsmasq) on 127.0.7.2. Root only. Traffic stays on this machine.
+# requests, slow clients (head byte by byte), slow readers (a 4 MiB body read 16 KiB every 10 ms, checked
+# byte for byte), garbage clients, clients that reset mid-hello, clients that half-close mid-hello, a raw
+# host:port relay in use, and requests in turn to four faulty upstreams (refuses: an address with no
+# listener; accepts and never answers; resets mid-response; its SYNs black-holed by a firewall rule) and
+# to four names the resolver answers badly (SERVFAIL; an empty truncated answer; an answer later than
+# the router waits; no answer at all), plus DNS queries from dnsperf at a modest fixed rate. Those are
+# issue 17's faults but one: the resolver down altogether, which would fail the allowed load too, is
+# router/tests/faults.rs's (`resolver_down`), in `make test`, as is every fault on its own. The upstreams
+# live in a network namespace this script creates (198.18.77.0/29 over a veth, no default route in it);
+# the router listens on 127.0.7.1, its resolver (benches/soak_load.py resolver) on 127.0.7.2. Root only.
+# Traffic stays on this machine.
 #
 # Pass: every request the policy allows succeeds (faults and garbage only need a prompt result), no DNS
 # query lost, no reload failed, the router alive throughout and exiting 0 on SIGTERM, descriptors and RSS
@@ -30,7 +34,7 @@ rss_slack_kib=${RSS_SLACK_KIB:-8192}
 router=${ROUTER_BIN:-target/release/agent-sandbox-router}
 [ -x "$router" ] || cargo build --release --locked -p agent-sandbox-router
 [ "$(id -u)" = 0 ] || { echo "benches/soak.sh needs root (network namespace)" >&2; exit 1; }
-for tool in nginx dnsmasq dnsperf curl openssl python3; do
+for tool in nginx nft dnsperf curl openssl python3; do
     command -v "$tool" >/dev/null || { echo "missing $tool (make bench installs the tools)" >&2; exit 1; }
 done
 [ "$secs" -ge 60 ] || { echo "SOAK_SECONDS must be at least 60 (30 s of warm-up, then rows to compare)" >&2; exit 1; }
@@ -53,12 +57,22 @@ fail() { # message...: print the evidence and exit 1
 }
 
 # --- the upstream host: .2 nginx (443 TLS, 80 HTTP, 8080 for the host:port entry), .3 nothing listens
-# (refuses), .4 accepts and never answers, .5 resets mid-response -------------------------------------
+# (refuses), .4 accepts and never answers, .5 resets mid-response, .6 drops every SYN ------------------
 up=198.18.77
-upstream_netns "$ns" "$veth" "$up.1/29" "$up.2/29" "$up.3/29" "$up.4/29" "$up.5/29"
+upstream_netns "$ns" "$veth" "$up.1/29" "$up.2/29" "$up.3/29" "$up.4/29" "$up.5/29" "$up.6/29"
+ip netns exec "$ns" nft -f - <<NFT
+table inet soak {
+    chain input {
+        type filter hook input priority 0;
+        ip daddr $up.6 tcp flags syn drop
+    }
+}
+NFT
 upstream_cert "$work"
 mkdir -p "$work/www"
 echo "hello from upstream" >"$work/www/small"
+# The slow readers' body (benches/soak_load.py big_body).
+python3 -c 'import sys; sys.stdout.buffer.write(bytes(i % 251 for i in range(4 << 20)))' >"$work/www/big"
 cat >"$work/nginx-up.conf" <<EOF
 worker_processes 1;
 pid $work/nginx-up.pid;
@@ -83,17 +97,19 @@ ip netns exec "$ns" python3 benches/soak_load.py faults --silent "$up.4" --reset
     >"$work/faults.out" 2>"$work/faults.err" &
 pids+=($!)
 
-dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
-    --listen-address=127.0.7.2 --port=5353 --user="$(id -un)" --pid-file= --local-ttl=300 \
-    --address=/upstream.test/"$up.2" --address=/refused.test/"$up.3" --address=/silent.test/"$up.4" \
-    --address=/reset.test/"$up.5" --address=/#/ 2>"$work/resolver.log" &
+# The slow name's answer comes after 15 s, past the router's connect timeout (10 s, its default).
+python3 benches/soak_load.py resolver --listen 127.0.7.2 --port 5353 \
+    --answer upstream.test="$up.2" --answer refused.test="$up.3" --answer silent.test="$up.4" \
+    --answer reset.test="$up.5" --answer blackhole.test="$up.6" --servfail servfail.test \
+    --truncated truncated.test --slow slowdns.test --slow-answer upstream.test --slow-seconds 15 \
+    --silent silentdns.test >"$work/resolver.out" 2>"$work/resolver.log" &
 pids+=($!)
 
 # --- the router ------------------------------------------------------------------------------------
 # Each reload rotates one name in and the previous one out, so every reload changes the policy; the
 # names the load uses stay allowed throughout.
 write_allowlist() { # generation
-    printf 'upstream.test\nupstream.test:8080\n.stable.test\nrefused.test\nsilent.test\nreset.test\ngen-%s.test\n' \
+    printf 'upstream.test\nupstream.test:8080\n.stable.test\nrefused.test\nsilent.test\nreset.test\nblackhole.test\nservfail.test\ntruncated.test\nslowdns.test\nsilentdns.test\ngen-%s.test\n' \
         "$1" >"$work/allowed-hosts.new"
     mv "$work/allowed-hosts.new" "$work/allowed-hosts"
 }
@@ -110,7 +126,8 @@ pids+=("$router_pid")
 
 ready() { curl -sk --max-time 2 --resolve "upstream.test:443:127.0.7.1" https://upstream.test/small >/dev/null; }
 for _ in $(seq 100); do
-    ready && curl -sf --max-time 1 "http://$admin/readyz" >/dev/null && grep -q ready "$work/faults.out" && break
+    ready && curl -sf --max-time 1 "http://$admin/readyz" >/dev/null && grep -q ready "$work/faults.out" &&
+        grep -q ready "$work/resolver.out" && break
     sleep 0.1
 done
 ready || { kill "$router_pid"; fail "router not ready"; }
@@ -135,7 +152,8 @@ dnsperf -s 127.0.7.1 -p 5301 -d "$work/queries" -l "$secs" -Q "$qps" -c 2 -q 100
 dns_pid=$!
 pids+=("$dns_pid")
 python3 benches/soak_load.py load --ip 127.0.7.1 --name upstream.test --http-port 80 --relay-port 8080 \
-    --fault-names refused.test,silent.test,reset.test --rate "$cps" --peek-timeout "$peek" --seconds "$secs" \
+    --fault-names refused.test,silent.test,reset.test,blackhole.test,servfail.test,truncated.test,slowdns.test,silentdns.test \
+    --rate "$cps" --peek-timeout "$peek" --connect-timeout 10 --seconds "$secs" \
     >"$work/load.out" 2>"$work/load.err" &
 load_pid=$!
 pids+=("$load_pid")
@@ -223,7 +241,8 @@ done
     echo
     echo "| load | succeeded / failed | p50 / p99 / max, ms | what came back |"
     echo "|---|---:|---:|---|"
-    for k in tls http keepalive slow relay garbage fault-refused fault-silent fault-reset; do
+    for k in tls http keepalive slow slow-reader relay garbage reset-hello half-close fault-refused fault-silent \
+        fault-reset fault-blackhole fault-servfail fault-truncated fault-slowdns fault-silentdns; do
         echo "| $k | $(kv "$k" ok) / $(kv "$k" failed) | $(kv "$k" p50_ms) / $(kv "$k" p99_ms) / $(kv "$k" max_ms) | $(kv "$k" outcomes) |"
     done
     echo "| DNS (dnsperf -Q $qps): sent / answered / lost | $sent / $completed / $lost | | |"
