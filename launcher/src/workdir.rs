@@ -291,15 +291,20 @@ impl Guarded {
                 if let Some(e) = &id.executable {
                     exes.push(canon(e)?);
                 }
-                // The link itself, not what it leads to: its directory resolved, its name kept.
-                if let Some((dir, name)) = id
-                    .invoked
-                    .as_deref()
-                    .and_then(|i| Some((i.parent()?, i.file_name()?)))
-                {
-                    let link = canon(dir)?.join(name);
-                    if !exes.contains(&link) {
-                        exes.push(link);
+                // The path as the shell found it, and every symlink on the way (a PATH entry that is a
+                // link to a directory, say), as for the allowlist. A path that cannot be followed
+                // (a loop) still has its name guarded.
+                if let Some(invoked) = &id.invoked {
+                    let found = guarded_locations(invoked).or_else(|_| {
+                        match (invoked.parent(), invoked.file_name()) {
+                            (Some(dir), Some(name)) => Ok(vec![canon(dir)?.join(name)]),
+                            _ => canon(invoked).map(|p| vec![p]),
+                        }
+                    })?;
+                    for p in found {
+                        if !exes.contains(&p) {
+                            exes.push(p);
+                        }
                     }
                 }
                 exes
@@ -381,11 +386,12 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// The allowlist's locations that must stay outside the sandbox: the path as configured (its directory
-/// resolved: a sandbox that can replace a symlink can redirect it), every symlink met on the way to the
-/// file (in the path's directories too: a sandbox that can replace any of them can point the next
-/// session at an allowlist of its own), and the file at the end.
-pub fn allowlist_locations(allowlist: &Path) -> io::Result<Vec<PathBuf>> {
+/// The locations of a file that must stay outside the sandbox (the allowlist, the launcher as it was
+/// started): the path as named (its directory resolved: a sandbox that can replace a symlink can
+/// redirect it), every symlink met on the way to the file (in the path's directories too: a sandbox that
+/// can replace any of them can point the next session at an allowlist, or the next start at a program,
+/// of its own), and the file at the end.
+pub fn guarded_locations(allowlist: &Path) -> io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let as_named = match (allowlist.parent(), allowlist.file_name()) {
         (Some(parent), Some(name)) => canonicalize_lenient(parent)?.join(name),
@@ -713,7 +719,7 @@ mod tests {
         let named_link = named.join("allowed-hosts");
         let _ = std::fs::remove_file(&named_link);
         std::os::unix::fs::symlink(&target, &named_link).unwrap();
-        let locations = allowlist_locations(&named_link).unwrap();
+        let locations = guarded_locations(&named_link).unwrap();
         assert_eq!(
             locations,
             [named.canonicalize().unwrap().join("allowed-hosts"), target]
@@ -751,7 +757,7 @@ mod tests {
             links.canonicalize().unwrap(),
             srv.canonicalize().unwrap(),
         );
-        let locations = allowlist_locations(&named).unwrap();
+        let locations = guarded_locations(&named).unwrap();
         assert_eq!(
             locations,
             [
@@ -786,7 +792,7 @@ mod tests {
         let down_and_up = config.join("via-proj");
         std::os::unix::fs::symlink("../../proj/sub/../../shared/allowed-hosts", &down_and_up)
             .unwrap();
-        let locations = allowlist_locations(&down_and_up).unwrap();
+        let locations = guarded_locations(&down_and_up).unwrap();
         assert!(locations.contains(&proj.join("sub")), "{locations:?}");
         let guarded = Guarded {
             homes: vec![home.clone()],
@@ -801,7 +807,7 @@ mod tests {
         let a = tmp.join("loop-a");
         std::os::unix::fs::symlink(tmp.join("loop-b"), &a).unwrap();
         std::os::unix::fs::symlink(&a, tmp.join("loop-b")).unwrap();
-        let err = allowlist_locations(&a.join("allowed-hosts")).unwrap_err();
+        let err = guarded_locations(&a.join("allowed-hosts")).unwrap_err();
         assert!(err.to_string().contains("symlinks"), "{err}");
     }
 
@@ -889,6 +895,22 @@ mod tests {
         assert!(matches!(
             check(&canon_dir.join("c"), &g),
             Err(Refusal::ContainsLauncher { exe, .. }) if exe == canon_dir.join("c/agent-sandbox")
+        ));
+        assert!(check(&canon_dir.join("a"), &g).is_ok());
+        // A PATH entry inside a project that is a symlink to the directory holding the launcher
+        // (reviewer J): the sandbox could swap the link for a directory of its own.
+        fs::create_dir_all(dir.join("proj")).unwrap();
+        std::os::unix::fs::symlink(dir.join("b"), dir.join("proj/tools")).unwrap();
+        let id = Identity {
+            invoked: invoked_path(name, Some(&path(&["proj/tools"])), &dir),
+            ..id
+        };
+        assert_eq!(id.invoked, Some(dir.join("proj/tools/agent-sandbox")));
+        let g =
+            Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();
+        assert!(matches!(
+            check(&canon_dir.join("proj"), &g),
+            Err(Refusal::ContainsLauncher { .. })
         ));
         assert!(check(&canon_dir.join("a"), &g).is_ok());
     }

@@ -69,7 +69,7 @@ pub(super) fn check_in(
     settings: &Settings,
     project: PathBuf,
 ) -> anyhow::Result<(Checked, SharedProbes)> {
-    let locations = workdir::allowlist_locations(&settings.allowlist).with_context(|| {
+    let locations = workdir::guarded_locations(&settings.allowlist).with_context(|| {
         format!(
             "cannot resolve the allowlist path {}",
             settings.allowlist.display()

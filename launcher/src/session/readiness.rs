@@ -88,9 +88,16 @@ fn no_room(log: &Path) -> Option<String> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
+    // conmon writes as the launcher's user: root (rootful podman) may use the blocks kept for root.
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let blocks = if unsafe { libc::geteuid() } == 0 {
+        st.f_bfree
+    } else {
+        st.f_bavail
+    };
     // The fields are u64 on 64-bit Linux and narrower elsewhere.
     #[allow(clippy::useless_conversion)]
-    let free = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
+    let free = u64::from(blocks).saturating_mul(u64::from(st.f_frsize));
     room_note(free, dir)
 }
 

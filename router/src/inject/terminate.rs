@@ -438,10 +438,13 @@ impl Terminated<'_> {
                 let Some((up_r, _)) = self.upstream.as_mut() else {
                     return Ok(None);
                 };
-                let (client_r, buf, rbuf) = (&mut self.client_r, &mut self.buf, &mut self.rbuf);
+                // Whatever the upstream sends now ends the connection: one byte is read to know,
+                // into a buffer of its own (`rbuf` would keep the room reserved for it, uncharged).
+                let (client_r, buf) = (&mut self.client_r, &mut self.buf);
+                let mut byte = [0u8; 1];
                 tokio::select! {
                     n = read_into(client_r, buf) => n,
-                    _ = read_into(up_r, rbuf) => return Ok(None),
+                    _ = up_r.read(&mut byte) => return Ok(None),
                 }
             } else {
                 let read = read_into(&mut self.client_r, &mut self.buf);

@@ -78,7 +78,7 @@ impl Relay<'_, '_> {
         if self.rbuf.capacity() > READ && self.rbuf.len() <= READ {
             self.rbuf.shrink_to(READ);
         }
-        // Giving back cannot fail; a body already past one read's room stays charged.
+        // `rbuf` grows only in `head`, which charges it, so this gives back and cannot fail.
         let _ = self.peek.hold(self.rbuf.capacity().saturating_sub(READ));
         head
     }
@@ -213,6 +213,8 @@ impl Relay<'_, '_> {
                 Body::UntilClose => {
                     loop {
                         let part = std::mem::take(self.rbuf);
+                        // What a large head made `rbuf` hold went with it.
+                        let _ = self.peek.hold(0);
                         if !part.is_empty() {
                             self.send(&part).await?;
                             self.client_w.flush().await.map_err(|_| End)?;
