@@ -124,19 +124,28 @@ async def slow(ip, port, name):
         writer.close()
 
 
+async def read_to_close(reader):
+    """Everything until the peer closes: (the bytes, whether it ended with a reset)."""
+    data = b""
+    try:
+        while chunk := await reader.read(1 << 16):
+            data += chunk
+    except ConnectionResetError:
+        return data, True
+    return data, False
+
+
 async def garbage(ip, port):
     """Random bytes; the router must close (or answer and close) promptly. A reply is not checked."""
     reader, writer = await asyncio.open_connection(ip, port)
     try:
         writer.write(os.urandom(random.randint(1, 4096)))
         await writer.drain()
-        data = b""
-        while chunk := await reader.read(1 << 16):
-            data += chunk
-    except ConnectionResetError:
-        return "reset"
+        data, reset = await read_to_close(reader)
     finally:
         writer.close()
+    if reset:
+        return "reset"
     return data[9:12].decode(errors="replace") if data.startswith(b"HTTP/1.") else ("close" if not data else "other")
 
 
@@ -145,16 +154,11 @@ async def fault(ip, port, name):
     came back (the status code, `close`, `truncated` for part of a response, with `+reset` after a
     reset)."""
     reader, writer = await asyncio.open_connection(ip, port)
-    end = ""
     try:
         writer.write(REQ.format(name, "close").encode())
         await writer.drain()
-        data = b""
-        try:
-            while chunk := await reader.read(1 << 16):
-                data += chunk
-        except ConnectionResetError:
-            end = "+reset"
+        data, reset = await read_to_close(reader)
+        end = "+reset" if reset else ""
         if data.startswith(b"HTTP/1.1 200") and BODY in data:
             raise ValueError("fault-answered-200")
     finally:
@@ -203,14 +207,11 @@ async def half_close(ip, name):
         writer.write(hello[: len(hello) // 2])
         await writer.drain()
         writer.write_eof()
-        data = b""
-        try:
-            while chunk := await reader.read(1 << 16):
-                data += chunk
-        except ConnectionResetError:
-            return "reset"
+        data, reset = await read_to_close(reader)
     finally:
         writer.close()
+    if reset:
+        return "reset"
     return "alert" if data[:1] == b"\x15" else ("close" if not data else "other")
 
 
