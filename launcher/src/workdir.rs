@@ -93,8 +93,8 @@ pub enum Refusal {
 pub struct Guarded {
     /// Home directories: refused themselves, with their parents and their hidden directories.
     pub homes: Vec<PathBuf>,
-    /// The allowlist's locations: refused with every directory containing them.
-    pub allowlist: Vec<PathBuf>,
+    /// The allowlist's locations ([`guarded_locations`]).
+    pub allowlist: Vec<Location>,
     /// Shared temporary directories: refused themselves and with every directory containing them.
     pub temp: Vec<PathBuf>,
     /// Runtime directories: refused themselves, inside and with every directory containing them.
@@ -107,10 +107,46 @@ pub struct Guarded {
     /// runtime directory is unusable): refused themselves, inside and with every directory containing
     /// them.
     pub state: Vec<PathBuf>,
-    /// The launcher's executable, canonical, and the path it was started by (a symlink to it, say),
-    /// with only its directory resolved: refused with every directory containing either, which the
-    /// sandbox could otherwise replace.
-    pub executables: Vec<PathBuf>,
+    /// The launcher's executable, canonical, and the locations of the path it was started by (a
+    /// symlink to it, say, and every symlink on the way: [`guarded_locations`]), which the sandbox
+    /// could otherwise replace.
+    pub executables: Vec<Location>,
+}
+
+/// A place on the way to a guarded file (the allowlist, the launcher).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// The file, or a symlink followed on the way: refused with every directory that is or contains it.
+    At(PathBuf),
+    /// A directory a `..` leaves on the way: refused with every directory that strictly contains it. A
+    /// sandbox can make a directory inside its project a symlink, and `..` would then lead elsewhere;
+    /// it cannot re-point the project's own root, so `PROJECT/..` stays the project's parent.
+    Left(PathBuf),
+}
+
+impl Location {
+    /// The path, for messages.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        match self {
+            Location::At(p) | Location::Left(p) => p,
+        }
+    }
+
+    /// Whether a project at `dir` would hold this place.
+    #[must_use]
+    pub fn held_by(&self, dir: &Path) -> bool {
+        match self {
+            Location::At(p) => p.starts_with(dir),
+            Location::Left(p) => p.starts_with(dir) && p != dir,
+        }
+    }
+}
+
+impl From<PathBuf> for Location {
+    fn from(p: PathBuf) -> Location {
+        Location::At(p)
+    }
 }
 
 /// `a` is `b`, inside it, or contains it.
@@ -144,10 +180,10 @@ pub fn check(dir: &Path, guarded: &Guarded) -> Result<(), Refusal> {
             }
         }
     }
-    if let Some(a) = guarded.allowlist.iter().find(|a| a.starts_with(dir)) {
+    if let Some(a) = guarded.allowlist.iter().find(|a| a.held_by(dir)) {
         return Err(Refusal::ContainsAllowlist {
             dir: refuse_dir(),
-            allowlist: a.clone(),
+            allowlist: a.path().to_owned(),
         });
     }
     if let Some(t) = guarded.temp.iter().find(|t| t.starts_with(dir)) {
@@ -169,10 +205,10 @@ pub fn check(dir: &Path, guarded: &Guarded) -> Result<(), Refusal> {
             path: path.clone(),
         });
     }
-    if let Some(exe) = guarded.executables.iter().find(|e| e.starts_with(dir)) {
+    if let Some(exe) = guarded.executables.iter().find(|e| e.held_by(dir)) {
         return Err(Refusal::ContainsLauncher {
             dir: refuse_dir(),
-            exe: exe.clone(),
+            exe: exe.path().to_owned(),
         });
     }
     Ok(())
@@ -209,7 +245,7 @@ impl Guarded {
     /// `std::env::var_os` outside tests) and `id`; every path is resolved leniently.
     pub fn from_env(
         home: &Path,
-        allowlist: Vec<PathBuf>,
+        allowlist: Vec<Location>,
         var: impl Fn(&str) -> Option<OsString>,
         id: &Identity,
     ) -> io::Result<Guarded> {
@@ -289,7 +325,7 @@ impl Guarded {
             executables: {
                 let mut exes = Vec::new();
                 if let Some(e) = &id.executable {
-                    exes.push(canon(e)?);
+                    exes.push(Location::At(canon(e)?));
                 }
                 // The path as the shell found it, and every symlink on the way (a PATH entry that is a
                 // link to a directory, say), as for the allowlist. A path that cannot be followed
@@ -297,8 +333,10 @@ impl Guarded {
                 if let Some(invoked) = &id.invoked {
                     let found = guarded_locations(invoked).or_else(|_| {
                         match (invoked.parent(), invoked.file_name()) {
-                            (Some(dir), Some(name)) => Ok(vec![canon(dir)?.join(name)]),
-                            _ => canon(invoked).map(|p| vec![p]),
+                            (Some(dir), Some(name)) => {
+                                Ok(vec![Location::At(canon(dir)?.join(name))])
+                            }
+                            _ => canon(invoked).map(|p| vec![Location::At(p)]),
                         }
                     })?;
                     for p in found {
@@ -315,9 +353,15 @@ impl Guarded {
 
 /// The path the launcher was started by, from its `argv[0]`: as given when it names a directory
 /// (made absolute from `cwd`), else the first `PATH` entry holding an executable of that name, as the
-/// shell found it. `None` when it cannot be told.
+/// shell found it (bash expands a `~` or `~/` that starts an entry, with `home`). `None` when it cannot
+/// be told.
 #[must_use]
-pub fn invoked_path(argv0: &OsStr, path: Option<&OsStr>, cwd: &Path) -> Option<PathBuf> {
+pub fn invoked_path(
+    argv0: &OsStr,
+    path: Option<&OsStr>,
+    cwd: &Path,
+    home: Option<&Path>,
+) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     if argv0.is_empty() {
         return None;
@@ -328,8 +372,11 @@ pub fn invoked_path(argv0: &OsStr, path: Option<&OsStr>, cwd: &Path) -> Option<P
     }
     std::env::split_paths(path?).find_map(|entry| {
         // An empty entry is the current directory, as in the shell.
-        let entry = if entry.as_os_str().is_empty() {
+        let bytes = entry.as_os_str().as_bytes();
+        let entry = if bytes.is_empty() {
             cwd.to_owned()
+        } else if let (Some(home), true) = (home, bytes == b"~" || bytes.starts_with(b"~/")) {
+            home.join(OsStr::from_bytes(bytes.get(2..).unwrap_or_default()))
         } else {
             cwd.join(entry)
         };
@@ -391,17 +438,17 @@ fn normalize(path: &Path) -> PathBuf {
 /// redirect it), every symlink met on the way to the file (in the path's directories too: a sandbox that
 /// can replace any of them can point the next session at an allowlist, or the next start at a program,
 /// of its own), and the file at the end.
-pub fn guarded_locations(allowlist: &Path) -> io::Result<Vec<PathBuf>> {
+pub fn guarded_locations(allowlist: &Path) -> io::Result<Vec<Location>> {
     let mut out = Vec::new();
     let as_named = match (allowlist.parent(), allowlist.file_name()) {
         (Some(parent), Some(name)) => canonicalize_lenient(parent)?.join(name),
         _ => canonicalize_lenient(allowlist)?,
     };
-    out.push(as_named);
+    out.push(Location::At(as_named));
     let (target, links) = resolve_recording_links(allowlist)?;
-    for path in links.into_iter().chain([target]) {
-        if !out.contains(&path) {
-            out.push(path);
+    for place in links.into_iter().chain([Location::At(target)]) {
+        if !out.contains(&place) {
+            out.push(place);
         }
     }
     Ok(out)
@@ -414,7 +461,7 @@ const MAX_SYMLINKS: usize = 40;
 /// kept as it is, like [`canonicalize_lenient`]) and what on the way a sandbox could re-point: where
 /// each symlink followed lies (its directory resolved), and each directory that `..` leaves. A loop is
 /// an error.
-fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
+fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<Location>)> {
     let absolute = if path.is_absolute() {
         path.to_owned()
     } else {
@@ -423,6 +470,8 @@ fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
     let mut pending: Vec<OsString> = components_reversed(&absolute);
     let mut resolved = PathBuf::from("/");
     let mut links = Vec::new();
+    // Symlinks followed, for the loop limit (`links` also holds the directories `..` leaves).
+    let mut followed = 0usize;
     let mut missing = false;
     while let Some(part) = pending.pop() {
         match part.to_str() {
@@ -431,7 +480,7 @@ fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
             Some("..") => {
                 // The directory left is on the way too: were it inside a project, its sandbox could
                 // make it a symlink, and `..` would then lead elsewhere.
-                links.push(resolved.clone());
+                links.push(Location::Left(resolved.clone()));
                 resolved.pop();
             }
             _ => {
@@ -439,14 +488,15 @@ fn resolve_recording_links(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
                 if !missing {
                     match fs::symlink_metadata(&candidate) {
                         Ok(meta) if meta.file_type().is_symlink() => {
-                            if links.len() == MAX_SYMLINKS {
+                            if followed >= MAX_SYMLINKS {
                                 return Err(io::Error::other(format!(
                                     "more than {MAX_SYMLINKS} symlinks on the way to {}",
                                     path.display()
                                 )));
                             }
                             let target = fs::read_link(&candidate)?;
-                            links.push(candidate);
+                            followed += 1;
+                            links.push(Location::At(candidate));
                             pending.extend(components_reversed(&target));
                             continue;
                         }
@@ -482,7 +532,7 @@ mod tests {
     fn guarded() -> Guarded {
         Guarded {
             homes: vec![p("/home/me")],
-            allowlist: vec![p("/home/me/.config/agent-sandbox/allowed-hosts")],
+            allowlist: vec![p("/home/me/.config/agent-sandbox/allowed-hosts").into()],
             ..Guarded::default()
         }
     }
@@ -524,7 +574,7 @@ mod tests {
         );
         // An allowlist kept in a project (AGENT_SANDBOX_ALLOWLIST) refuses that project and its parents.
         let inside = Guarded {
-            allowlist: vec![p("/work/proj/conf/allowed")],
+            allowlist: vec![p("/work/proj/conf/allowed").into()],
             ..guarded()
         };
         assert!(matches!(
@@ -543,7 +593,7 @@ mod tests {
                 p("/var/lib/containers"),
                 p("/etc/containers/containers.conf"),
             ],
-            executables: vec![p("/opt/as/bin/agent-sandbox")],
+            executables: vec![p("/opt/as/bin/agent-sandbox").into()],
             ..guarded()
         };
         let refused = |dir: &str| check(Path::new(dir), &g).err();
@@ -722,7 +772,10 @@ mod tests {
         let locations = guarded_locations(&named_link).unwrap();
         assert_eq!(
             locations,
-            [named.canonicalize().unwrap().join("allowed-hosts"), target]
+            [
+                Location::At(named.canonicalize().unwrap().join("allowed-hosts")),
+                Location::At(target)
+            ]
         );
         std::fs::remove_dir_all(&tmp).unwrap();
     }
@@ -761,9 +814,9 @@ mod tests {
         assert_eq!(
             locations,
             [
-                home.join(".config/agent-sandbox/allowed-hosts"),
-                links.join("al"),
-                srv.join("allowed-hosts"),
+                Location::At(home.join(".config/agent-sandbox/allowed-hosts")),
+                Location::At(links.join("al")),
+                Location::At(srv.join("allowed-hosts")),
             ]
         );
         let guarded = Guarded {
@@ -784,7 +837,14 @@ mod tests {
         std::os::unix::fs::symlink("srv/../srv", &rel).unwrap();
         let (target, met) = resolve_recording_links(&rel.join("./missing/../x")).unwrap();
         assert_eq!(target, srv.join("x"));
-        assert_eq!(met, [tmp_c.join("rel"), srv.clone(), srv.join("missing")]);
+        assert_eq!(
+            met,
+            [
+                Location::At(tmp_c.join("rel")),
+                Location::Left(srv.clone()),
+                Location::Left(srv.join("missing"))
+            ]
+        );
         // A link down through a project and back up: the project holds a directory on the way (which
         // its sandbox could replace with a symlink), so it is refused.
         let proj = home.join("proj");
@@ -793,7 +853,10 @@ mod tests {
         std::os::unix::fs::symlink("../../proj/sub/../../shared/allowed-hosts", &down_and_up)
             .unwrap();
         let locations = guarded_locations(&down_and_up).unwrap();
-        assert!(locations.contains(&proj.join("sub")), "{locations:?}");
+        assert!(
+            locations.contains(&Location::Left(proj.join("sub"))),
+            "{locations:?}"
+        );
         let guarded = Guarded {
             homes: vec![home.clone()],
             allowlist: locations,
@@ -849,31 +912,31 @@ mod tests {
             .unwrap()
         };
         assert_eq!(
-            invoked_path(name, Some(&path(&["a", "b", "c"])), &dir),
+            invoked_path(name, Some(&path(&["a", "b", "c"])), &dir, None),
             Some(dir.join("b/agent-sandbox"))
         );
         assert_eq!(
-            invoked_path(name, Some(&path(&["c", "b"])), &dir),
+            invoked_path(name, Some(&path(&["c", "b"])), &dir, None),
             Some(dir.join("c/agent-sandbox"))
         );
         // An empty entry is the current directory.
         assert_eq!(
-            invoked_path(name, Some(&path(&["a", ""])), &dir.join("b")),
+            invoked_path(name, Some(&path(&["a", ""])), &dir.join("b"), None),
             Some(dir.join("b/agent-sandbox"))
         );
-        assert_eq!(invoked_path(name, Some(&path(&["a"])), &dir), None);
-        assert_eq!(invoked_path(name, None, &dir), None);
+        assert_eq!(invoked_path(name, Some(&path(&["a"])), &dir, None), None);
+        assert_eq!(invoked_path(name, None, &dir, None), None);
         // A path with a slash is taken as given, from the current directory.
         assert_eq!(
-            invoked_path(OsStr::new("./c/agent-sandbox"), None, &dir),
+            invoked_path(OsStr::new("./c/agent-sandbox"), None, &dir, None),
             Some(dir.join("./c/agent-sandbox"))
         );
         assert_eq!(
-            invoked_path(OsStr::new("/usr/bin/agent-sandbox"), None, &dir),
+            invoked_path(OsStr::new("/usr/bin/agent-sandbox"), None, &dir, None),
             Some(p("/usr/bin/agent-sandbox"))
         );
         assert_eq!(
-            invoked_path(OsStr::new(""), Some(&path(&["b"])), &dir),
+            invoked_path(OsStr::new(""), Some(&path(&["b"])), &dir, None),
             None
         );
         // Guarded: the link's directory resolved, its name kept, so a project holding the link is
@@ -888,7 +951,8 @@ mod tests {
             Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();
         let canon_dir = dir.canonicalize().unwrap();
         assert!(
-            g.executables.contains(&canon_dir.join("c/agent-sandbox")),
+            g.executables
+                .contains(&Location::At(canon_dir.join("c/agent-sandbox"))),
             "{:?}",
             g.executables
         );
@@ -902,7 +966,7 @@ mod tests {
         fs::create_dir_all(dir.join("proj")).unwrap();
         std::os::unix::fs::symlink(dir.join("b"), dir.join("proj/tools")).unwrap();
         let id = Identity {
-            invoked: invoked_path(name, Some(&path(&["proj/tools"])), &dir),
+            invoked: invoked_path(name, Some(&path(&["proj/tools"])), &dir, None),
             ..id
         };
         assert_eq!(id.invoked, Some(dir.join("proj/tools/agent-sandbox")));
@@ -913,5 +977,79 @@ mod tests {
             Err(Refusal::ContainsLauncher { .. })
         ));
         assert!(check(&canon_dir.join("a"), &g).is_ok());
+        // Reviewer K: a PATH entry starting with `~`, which bash expands.
+        let home = dir.join("home-k");
+        fs::create_dir_all(&home).unwrap();
+        std::os::unix::fs::symlink(dir.join("b"), home.join("tools")).unwrap();
+        let tilde = std::env::join_paths(["~/tools", "/nonexistent-as"]).unwrap();
+        assert_eq!(
+            invoked_path(name, Some(&tilde), &dir, Some(&home)),
+            Some(home.join("tools/agent-sandbox"))
+        );
+        // Reviewer K: started as `../b/agent-sandbox` from a project beside it. `..` leaves the
+        // project's own root, which its sandbox cannot re-point: the project is not refused.
+        fs::create_dir_all(dir.join("myproj/sub")).unwrap();
+        let id = Identity {
+            invoked: invoked_path(
+                OsStr::new("../b/agent-sandbox"),
+                None,
+                &dir.join("myproj"),
+                None,
+            ),
+            ..id
+        };
+        let g =
+            Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();
+        assert!(
+            check(&canon_dir.join("myproj"), &g).is_ok(),
+            "{:?}",
+            g.executables
+        );
+        // From a directory inside the project, `..` leaves a directory the sandbox could replace.
+        let id = Identity {
+            invoked: invoked_path(
+                OsStr::new("../../b/agent-sandbox"),
+                None,
+                &dir.join("myproj/sub"),
+                None,
+            ),
+            ..id
+        };
+        let g =
+            Guarded::from_env(Path::new("/nonexistent-as/home/me"), vec![], |_| None, &id).unwrap();
+        assert!(matches!(
+            check(&canon_dir.join("myproj"), &g),
+            Err(Refusal::ContainsLauncher { .. })
+        ));
+        assert!(check(&canon_dir.join("myproj/sub"), &g).is_ok());
+    }
+
+    /// Reviewer K: a loop that passes `..` on each turn never made the entries recorded equal the
+    /// limit, and resolving it ran for ever.
+    #[test]
+    fn a_loop_through_dot_dot_is_an_error_not_a_hang() {
+        let dir = std::env::temp_dir().join(format!("as-loop-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        /// Removes the test's directory however the test ends.
+        struct Scratch(PathBuf);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
+        let _scratch = Scratch(dir.clone());
+        fs::create_dir_all(dir.join("d")).unwrap();
+        let name = dir.file_name().unwrap().to_str().unwrap().to_owned();
+        std::os::unix::fs::symlink(format!("../../{name}/d/L"), dir.join("d/L")).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.join("d/L/agent-sandbox");
+        std::thread::spawn(move || {
+            let _ = tx.send(guarded_locations(&path).is_err());
+        });
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(true),
+            "a loop must end in an error"
+        );
     }
 }

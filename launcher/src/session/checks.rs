@@ -271,6 +271,7 @@ fn identity(project: &Path) -> workdir::Identity {
                 &argv0,
                 std::env::var_os("PATH").as_deref(),
                 &std::env::current_dir().ok()?,
+                std::env::var_os("HOME").map(PathBuf::from).as_deref(),
             )
         }),
     }
