@@ -569,6 +569,14 @@ async fn upstream(listener: TcpListener, config: Arc<rustls::ServerConfig>, reco
                     }
                     continue;
                 }
+                if path == "/extra" {
+                    // A response, and at once a second one nobody asked for.
+                    let response = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale";
+                    if tls.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 if path == "/big-head" {
                     // A response head of 40 KB: more than one read's room in the router.
                     let response = format!(
@@ -793,6 +801,36 @@ async fn a_refusal_with_unread_bytes_behind_it_ends_without_a_reset() {
         "the router reset the connection: {error:?}"
     );
     assert!(lab.recorder.seen().is_empty());
+}
+
+/// Reviewer K: bytes the upstream sends past its response were kept and served as the answer to the
+/// client's next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_after_a_response_end_the_connection() {
+    require_netns!();
+    let lab = Lab::start("injextra").await;
+    let api = lab.world.name("api");
+    let mut c = lab.connect("api").await;
+    c.send(format!("GET /extra HTTP/1.1\r\nHost: {api}\r\n\r\n").as_bytes())
+        .await;
+    assert_eq!(c.response().await.expect("the first response").body, b"ok");
+    // The next request on the connection gets no stale answer: the connection has ended.
+    let _ = c
+        .tls
+        .write_all(format!("GET /second HTTP/1.1\r\nHost: {api}\r\n\r\n").as_bytes())
+        .await;
+    let _ = c.tls.flush().await;
+    assert!(c.response().await.is_none(), "a stale answer was served");
+    let mark = lab.world.mark;
+    poll(|| {
+        events_since(mark, "upstream failed").into_iter().find(|e| {
+            e["name"] == api.as_str()
+                && e["error"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("bytes after its response"))
+        })
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -373,10 +373,20 @@ impl Terminated<'_> {
                 self.note_request(rewritten.credential);
                 self.exchange(&head, &rewritten).await?
             };
-            if !keep {
-                let _ = self.client_w.shutdown().await;
-                return Ok(());
+            if keep && !self.rbuf.is_empty() {
+                // The upstream sent more than the response it was asked for. Served to the next
+                // request, it would answer the wrong one (on the token host, tokens the scan does not
+                // know yet): the connection ends after the response the client has.
+                self.log.upstream_failed(
+                    self.name.as_str(),
+                    &"the upstream sent bytes after its response",
+                );
+                self.rbuf = Vec::new();
+            } else if keep {
+                continue;
             }
+            let _ = self.client_w.shutdown().await;
+            return Ok(());
         }
     }
 
@@ -569,7 +579,8 @@ impl Terminated<'_> {
             return Err(End);
         };
         let log = self.log;
-        let is_head = rewritten.method.eq_ignore_ascii_case("HEAD");
+        // Methods are case-sensitive (RFC 9110, 9.1): `head` is not HEAD, and its response has a body.
+        let is_head = rewritten.method == "HEAD";
         up_w.write_all(&rewritten.head).await.map_err(|_| End)?;
         log.up(rewritten.head.len() as u64);
         let body = head.body;

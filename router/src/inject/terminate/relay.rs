@@ -213,12 +213,13 @@ impl Relay<'_, '_> {
                 Body::UntilClose => {
                     loop {
                         let part = std::mem::take(self.rbuf);
-                        // What a large head made `rbuf` hold went with it.
-                        let _ = self.peek.hold(0);
                         if !part.is_empty() {
                             self.send(&part).await?;
                             self.client_w.flush().await.map_err(|_| End)?;
                         }
+                        // What a large head made `rbuf` hold is let go once it is sent.
+                        drop(part);
+                        let _ = self.peek.hold(0);
                         if read_into(self.up_r, self.rbuf).await.unwrap_or(0) == 0 {
                             break;
                         }
