@@ -22,7 +22,7 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/tests/containers.conf}
 
 need=()
 for pair in dnsperf:dnsperf dnsmasq:dnsmasq-base nginx:nginx-light wrk:wrk socat:socat curl:curl \
-    hyperfine:hyperfine dig:dnsutils; do
+    hyperfine:hyperfine dig:dnsutils nft:nftables; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 [ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || need+=(libnginx-mod-stream)

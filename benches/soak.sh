@@ -15,9 +15,11 @@
 # the router listens on 127.0.7.1, its resolver (benches/soak_load.py resolver) on 127.0.7.2. Root only.
 # Traffic stays on this machine.
 #
-# Pass: every request the policy allows succeeds (faults and garbage only need a prompt result), no DNS
-# query lost, no reload failed, the router alive throughout and exiting 0 on SIGTERM, descriptors and RSS
-# flat after warm-up (the first 30 s row) and descriptors back to the idle count once the load stops.
+# Pass: every request the policy allows succeeds, each fault gets the answer it must (a 502, a close or a
+# truncated response) no sooner than its fault allows (a black hole not before the connect timeout),
+# garbage gets a prompt result, no DNS query lost, no reload failed, the router alive throughout and
+# exiting 0 on SIGTERM, descriptors and RSS flat after warm-up (the first 30 s row) and descriptors back
+# to the idle count once the load stops.
 # Prints one row per 30 s (time, fds, RSS KiB, connections/s) and the p99 of new TLS connections.
 # Usage: benches/soak.sh [OUT.md]   (SOAK_SECONDS=600 QPS=200 CPS=20 to change the duration and rates)
 set -euo pipefail
@@ -153,7 +155,7 @@ dns_pid=$!
 pids+=("$dns_pid")
 python3 benches/soak_load.py load --ip 127.0.7.1 --name upstream.test --http-port 80 --relay-port 8080 \
     --fault-names refused.test,silent.test,reset.test,blackhole.test,servfail.test,truncated.test,slowdns.test,silentdns.test \
-    --rate "$cps" --peek-timeout "$peek" --connect-timeout 10 --seconds "$secs" \
+    --rate "$cps" --peek-timeout "$peek" --connect-timeout 10 --idle-timeout 5 --seconds "$secs" \
     >"$work/load.out" 2>"$work/load.err" &
 load_pid=$!
 pids+=("$load_pid")

@@ -237,6 +237,34 @@ async def slow_reader(ip, name, ctx, expected):
         writer.close()
 
 
+async def expect(coro, want, floor=0.0):
+    """`coro`'s outcome, which must satisfy `want` and take at least `floor` s: a fault that did not
+    happen (a black hole that refused at once, a resolver that answered) is a failure, not a pass."""
+    start = time.monotonic()
+    outcome = await coro
+    if not want(outcome):
+        raise ValueError(f"unexpected-{outcome}")
+    if time.monotonic() - start < floor:
+        raise ValueError(f"too-soon-{outcome}")
+    return outcome
+
+
+def fault_expectation(name, connect_timeout, idle_timeout):
+    """What a request to the fault `name` must get back, and how long it must at least take."""
+    is_502 = lambda o: o == "502"
+    label = name.split(".")[0]
+    return {
+        "refused": (is_502, 0.0),
+        "silent": (lambda o: o == "close", 0.8 * idle_timeout),
+        "reset": (lambda o: o.startswith("truncated-200"), 0.0),
+        "blackhole": (is_502, 0.8 * connect_timeout),
+        "servfail": (is_502, 0.0),
+        "truncated": (is_502, 0.0),
+        "slowdns": (is_502, 0.8 * connect_timeout),
+        "silentdns": (is_502, 0.8 * connect_timeout),
+    }.get(label, (lambda o: True, 0.0))
+
+
 async def persistent(kind, ip, port, name, period, until):
     """One connection, a request every `period` s; reconnects (counted as a failure) if it breaks."""
     while time.monotonic() < until:
@@ -279,7 +307,10 @@ async def load(a):
     tasks = []
     until = time.monotonic() + a.seconds
     ip, name = a.ip, a.name
-    faults = [(n, kinds[f"fault-{n.split('.')[0]}"]) for n in a.fault_names.split(",")]
+    faults = [
+        (n, kinds[f"fault-{n.split('.')[0]}"], fault_expectation(n, a.connect_timeout, a.idle_timeout))
+        for n in a.fault_names.split(",")
+    ]
 
     def new_tls(_):
         return timed(kinds["tls"], one_shot(ip, 443, name, ctx), 10)
@@ -297,14 +328,15 @@ async def load(a):
     def fault_request(i):
         # The never-answering upstream is closed at the router's idle timeout (5 s in soak.sh); a
         # black-holed SYN, and a resolver slow or silent, at its connect timeout.
-        fault_name, kind = faults[i % len(faults)]
-        return timed(kind, fault(ip, a.http_port, fault_name), max(5, a.connect_timeout) + 3)
+        fault_name, kind, (want, floor) = faults[i % len(faults)]
+        request = expect(fault(ip, a.http_port, fault_name), want, floor)
+        return timed(kind, request, max(a.idle_timeout, a.connect_timeout) + 3)
 
     def reset_hello_client(_):
         return timed(kinds["reset-hello"], reset_hello(ip, name), 5)
 
     def half_close_client(_):
-        return timed(kinds["half-close"], half_close(ip, name), 2)
+        return timed(kinds["half-close"], expect(half_close(ip, name), lambda o: o in ("close", "alert")), 2)
 
     expected = big_body()
 
@@ -443,6 +475,7 @@ def main():
     lp.add_argument("--peek-timeout", type=float, default=10)
     lp.add_argument("--seconds", type=float, required=True)
     lp.add_argument("--connect-timeout", type=float, default=10, help="the router's, in seconds")
+    lp.add_argument("--idle-timeout", type=float, default=5, help="the router's, in seconds")
     fp = sub.add_parser("faults")
     fp.add_argument("--silent", required=True)
     fp.add_argument("--reset", required=True)
