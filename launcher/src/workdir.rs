@@ -525,6 +525,25 @@ fn components_reversed(path: &Path) -> Vec<OsString> {
 mod tests {
     use super::*;
 
+    /// A directory of the test's own in the temp directory, emptied first and removed however the
+    /// test ends.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir().join(format!("as-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
     fn p(s: &str) -> PathBuf {
         PathBuf::from(s)
     }
@@ -784,16 +803,8 @@ mod tests {
     fn every_symlink_on_the_way_to_the_allowlist_is_guarded() {
         // ~/.config/agent-sandbox/allowed-hosts -> ~/src/links/al/allowed-hosts, and ~/src/links/al ->
         // /srv: a project at ~/src/links holds the `al` link, which its sandbox could point elsewhere.
-        /// Removes the test's directory however the test ends.
-        struct Removed(PathBuf);
-        impl Drop for Removed {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        let tmp = std::env::temp_dir().join(format!("as-workdir-hops-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let _removed = Removed(tmp.clone());
+        let scratch = Scratch::new("workdir-hops");
+        let tmp = scratch.0.clone();
         let home = tmp.join("home");
         let config = home.join(".config/agent-sandbox");
         let links = home.join("src/links");
@@ -877,16 +888,8 @@ mod tests {
     #[test]
     fn the_invoked_path_is_found_as_the_shell_found_it() {
         use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("as-invoked-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        /// Removes the test's directory however the test ends.
-        struct Scratch(PathBuf);
-        impl Drop for Scratch {
-            fn drop(&mut self) {
-                let _ = fs::remove_dir_all(&self.0);
-            }
-        }
-        let _scratch = Scratch(dir.clone());
+        let scratch = Scratch::new("invoked");
+        let dir = scratch.0.clone();
         for sub in ["a", "b", "c"] {
             fs::create_dir_all(dir.join(sub)).unwrap();
         }
@@ -1028,16 +1031,8 @@ mod tests {
     /// limit, and resolving it ran for ever.
     #[test]
     fn a_loop_through_dot_dot_is_an_error_not_a_hang() {
-        let dir = std::env::temp_dir().join(format!("as-loop-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        /// Removes the test's directory however the test ends.
-        struct Scratch(PathBuf);
-        impl Drop for Scratch {
-            fn drop(&mut self) {
-                let _ = fs::remove_dir_all(&self.0);
-            }
-        }
-        let _scratch = Scratch(dir.clone());
+        let scratch = Scratch::new("loop");
+        let dir = scratch.0.clone();
         fs::create_dir_all(dir.join("d")).unwrap();
         let name = dir.file_name().unwrap().to_str().unwrap().to_owned();
         std::os::unix::fs::symlink(format!("../../{name}/d/L"), dir.join("d/L")).unwrap();
