@@ -44,7 +44,7 @@ fn selected(podman: &Podman, id: Option<&str>) -> anyhow::Result<Vec<Running>> {
 /// it is (no podman process), else through `podman logs`.
 pub fn refusals(podman: &Podman, s: &Running) -> anyhow::Result<BTreeMap<String, report::Refused>> {
     let file = files::read_log_path(&s.dir.join(files::ROUTER_LOG_PATH_FILE));
-    let log = logfile::whole_log(podman, &s.router, file.as_deref())?;
+    let log = logfile::log_messages(podman, &s.router, file.as_deref(), logfile::MAX_WHOLE_LOG)?;
     Ok(report::refusals(&log))
 }
 

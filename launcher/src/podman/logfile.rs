@@ -37,14 +37,16 @@ pub fn read_file_messages(mut f: &std::fs::File, offset: u64, max: u64) -> std::
 /// conmon starts it again.
 pub const MAX_WHOLE_LOG: u64 = 64 * 1024 * 1024;
 
-/// The messages of `container`'s whole log: read from `file` (where the session put it) when there is
-/// one that can be read, else through `podman logs` (its stdout, then its stderr).
-pub fn whole_log(
+/// The messages of `container`'s log, at most `max` bytes of it: read from `file` (where the session
+/// put it) when there is one that can be read, which costs no podman process, else through
+/// `podman logs` (its stdout, then its stderr).
+pub fn log_messages(
     podman: &super::Podman,
     container: &str,
     file: Option<&Path>,
+    max: u64,
 ) -> Result<String, super::PodmanError> {
-    if let Some(log) = file.and_then(|f| read_messages(f, 0, MAX_WHOLE_LOG).ok()) {
+    if let Some(log) = file.and_then(|f| read_messages(f, 0, max).ok()) {
         return Ok(log);
     }
     let out = podman.output(&super::args::logs(container))?;
@@ -131,10 +133,10 @@ mod tests {
         assert_eq!(messages("garbage\n\n"), "");
     }
 
-    /// The whole log comes from the file when there is one (no podman process), else from
+    /// The log comes from the file when there is one (no podman process), else from
     /// `podman logs`, stdout then stderr.
     #[test]
-    fn the_whole_log_comes_from_the_file_else_from_podman_logs() {
+    fn the_log_comes_from_the_file_else_from_podman_logs() {
         let dir = Scratch::new("whole");
         let path = dir.path().join("router.log");
         std::fs::write(
@@ -145,10 +147,16 @@ mod tests {
         // A podman that must not run: a program that does not exist.
         let absent = super::super::Podman::stand_in(dir.path().join("no-podman"));
         assert_eq!(
-            whole_log(&absent, "ctr", Some(&path)).unwrap(),
+            log_messages(&absent, "ctr", Some(&path), MAX_WHOLE_LOG).unwrap(),
             "{\"refused\":1}\n"
         );
-        assert!(whole_log(&absent, "ctr", Some(&dir.path().join("gone.log"))).is_err());
+        assert!(log_messages(
+            &absent,
+            "ctr",
+            Some(&dir.path().join("gone.log")),
+            MAX_WHOLE_LOG
+        )
+        .is_err());
         // A stand-in podman that prints what `podman logs` would, on both streams.
         let script = dir.path().join("podman");
         std::fs::write(
@@ -159,9 +167,18 @@ mod tests {
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let stand_in = super::super::Podman::stand_in(&script);
-        assert_eq!(whole_log(&stand_in, "ctr", None).unwrap(), "out\nerr\n");
         assert_eq!(
-            whole_log(&stand_in, "ctr", Some(&dir.path().join("gone.log"))).unwrap(),
+            log_messages(&stand_in, "ctr", None, MAX_WHOLE_LOG).unwrap(),
+            "out\nerr\n"
+        );
+        assert_eq!(
+            log_messages(
+                &stand_in,
+                "ctr",
+                Some(&dir.path().join("gone.log")),
+                MAX_WHOLE_LOG
+            )
+            .unwrap(),
             "out\nerr\n"
         );
     }

@@ -128,7 +128,7 @@ pub(super) fn run_captured(
 /// the session named one, else `podman logs`.
 pub(super) fn report_refusals(podman: &Podman, session: &Session, allowlist: &Path) {
     let file = session.router_log.as_deref();
-    if let Ok(log) = logfile::whole_log(podman, &session.router, file) {
+    if let Ok(log) = logfile::log_messages(podman, &session.router, file, logfile::MAX_WHOLE_LOG) {
         if let Some(text) =
             report::render(&report::refusals(&log), allowlist, report::truncated(&log))
         {

@@ -44,15 +44,7 @@ fn look(
     addrs: &[String],
     deadline: Instant,
 ) -> anyhow::Result<bool> {
-    let log = match log_file.and_then(|f| logfile::read_messages(f, 0, MAX_START_LOG).ok()) {
-        Some(messages) => messages,
-        None => {
-            let out = podman.output(&args::logs(container))?;
-            let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
-            log.push_str(&String::from_utf8_lossy(&out.stderr));
-            log
-        }
-    };
+    let log = logfile::log_messages(podman, container, log_file, MAX_START_LOG)?;
     if all_listening(&log, addrs) {
         return Ok(true);
     }

@@ -373,7 +373,10 @@ impl Terminated<'_> {
                 self.note_request(rewritten.credential);
                 self.exchange(&head, &rewritten).await?
             };
-            if keep && !self.rbuf.is_empty() {
+            if keep && self.rbuf.is_empty() {
+                continue;
+            }
+            if keep {
                 // The upstream sent more than the response it was asked for. Served to the next
                 // request, it would answer the wrong one (on the token host, tokens the scan does not
                 // know yet): the connection ends after the response the client has.
@@ -382,8 +385,6 @@ impl Terminated<'_> {
                     &"the upstream sent bytes after its response",
                 );
                 self.rbuf = Vec::new();
-            } else if keep {
-                continue;
             }
             let _ = self.client_w.shutdown().await;
             return Ok(());
