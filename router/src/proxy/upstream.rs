@@ -115,6 +115,8 @@ pub fn forbidden_reason(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static st
                 // AWS's IPv6 platform prefix: IMDS at fd00:ec2::254, the DNS resolver at ::253 and the
                 // EKS pod identity agent at ::23, which hands out credentials. The whole /64 is AWS's.
                 Some("cloud metadata service (fd00:ec2::/64)")
+            } else if CLOUD_METADATA_V6.contains(&v6) {
+                Some("cloud metadata service")
             } else if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..3] == [0x64, 0xff9b, 1] {
                 // NAT64 (64:ff9b::/96, 64:ff9b:1::/48): a translator on the path turns the embedded IPv4
                 // address into a real destination, so that address is judged as if dialled directly.
@@ -138,6 +140,18 @@ const CLOUD_METADATA_V4: [Ipv4Addr; 3] = [
     Ipv4Addr::new(100, 100, 100, 200),
     Ipv4Addr::new(168, 63, 129, 16),
     Ipv4Addr::new(192, 0, 0, 192),
+];
+
+/// IPv6 metadata endpoints inside the unique-local range (`fc00::/7`, which otherwise stays allowed),
+/// besides AWS's prefix above: Google Cloud (`fd20:ce::254`), Oracle Cloud (`fd00:c1::a9fe:a9fe`),
+/// Scaleway (`fd00:42::42`), Akamai/Linode (`fd00:a9fe:a9fe::1`) and Alibaba Cloud
+/// (`fd00:100::100:200`). Each hands out instance credentials to whoever asks.
+const CLOUD_METADATA_V6: [Ipv6Addr; 5] = [
+    Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254),
+    Ipv6Addr::new(0xfd00, 0xc1, 0, 0, 0, 0, 0xa9fe, 0xa9fe),
+    Ipv6Addr::new(0xfd00, 0x42, 0, 0, 0, 0, 0, 0x42),
+    Ipv6Addr::new(0xfd00, 0xa9fe, 0xa9fe, 0, 0, 0, 0, 1),
+    Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0x100, 0x200),
 ];
 
 fn forbidden_v4(v4: Ipv4Addr) -> Option<&'static str> {
@@ -564,6 +578,11 @@ mod tests {
             "fd00:ec2::253",
             "fd00:ec2::ffff:1",
             "fd00:ec2:0:0:1234:5678:9abc:def0",
+            "fd20:ce::254",
+            "fd00:c1::a9fe:a9fe",
+            "fd00:42::42",
+            "fd00:a9fe:a9fe::1",
+            "fd00:100::100:200",
         ];
         for a in forbidden {
             let ip: IpAddr = a.parse().unwrap();
@@ -584,6 +603,8 @@ mod tests {
             "::ffff:10.0.0.1",
             "64:ff9b::a00:1",
             "100.100.100.201",
+            "fd20:ce::253",
+            "fd00:42::43",
         ];
         for a in allowed {
             let ip: IpAddr = a.parse().unwrap();
