@@ -32,9 +32,9 @@
 //! What this cannot see: on 443 the router reads only the ClientHello, so a client may send an allowed SNI
 //! and then, inside the encrypted stream, a Host header for another site served by the same upstream
 //! (domain fronting). Preventing that needs TLS interception, which this design deliberately avoids; the
-//! upstream is still the allowed name's own server. Likewise Encrypted Client Hello: the outer SNI is what
-//! is routed; the router's DNS hands out no HTTPS/SVCB records, so clients get no ECH configurations from
-//! it.
+//! upstream is still the allowed name's own server. Encrypted Client Hello would hide the real name
+//! behind an allowed public one, so a hello carrying ECH (or ESNI) is refused, a dummy ("GREASE") one
+//! included: it looks the same by design ([`tls::HelloError::EncryptedHello`]).
 
 pub mod cache;
 pub(crate) mod conn_log;

@@ -68,7 +68,9 @@ pub enum HelloError {
     SeveralSniExtensions,
     /// Encrypted Client Hello (or its ESNI draft): the SNI in clear would be a public name and the
     /// real destination hidden inside, so the router cannot decide on the name the client means.
-    #[error("encrypted ClientHello (ECH/ESNI) hides the real server name")]
+    /// Chromium-based clients send a dummy ("GREASE") ECH extension on every connection, which looks
+    /// the same by design; the text says how to turn it off, since that is the usual cause.
+    #[error("encrypted ClientHello (ECH/ESNI) hides the real server name (Chromium-based clients send a dummy one on every connection: start them with --disable-features=EncryptedClientHello)")]
     EncryptedHello,
 }
 
@@ -570,6 +572,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A hello shaped like Chromium's with ECH GREASE (BoringSSL's `SSL_set_enable_ech_grease`, on
+    /// whenever Chromium's ECH feature is, with or without an ECH configuration): an outer
+    /// `encrypted_client_hello` with HKDF-SHA256/AES-128-GCM, a random config id, a 32-byte `enc` and a
+    /// random payload, beside the real SNI and the usual extensions. It is refused like a real one:
+    /// they cannot be told apart on the wire.
+    #[test]
+    fn chromium_ech_grease_is_refused_and_the_reason_says_what_to_do() {
+        let mut grease = vec![0x00, 0x00, 0x01, 0x00, 0x01, 0x9c, 0x00, 0x20];
+        grease.extend((0..32u8).map(|i| i.wrapping_mul(37)));
+        grease.extend_from_slice(&[0x00, 0xd0]);
+        grease.extend((0..0xd0u8).map(|i| i.wrapping_mul(11) ^ 0x5a));
+        let versions = extension(43, &[0x06, 0x1a, 0x1a, 0x03, 0x04, 0x03, 0x03]);
+        let groups = extension(10, &[0x00, 0x06, 0x1a, 0x1a, 0x00, 0x1d, 0x00, 0x17]);
+        let sni = sni_extension(&[b"allowed.example"]);
+        let ech = extension(0xfe0d, &grease);
+        let without = [&sni[..], &versions[..], &groups[..]].concat();
+        let with = [&sni[..], &versions[..], &groups[..], &ech[..]].concat();
+        assert_eq!(
+            run(&records(&client_hello(Some(&without)), 16 * 1024)),
+            Ok(Some(b"allowed.example".to_vec()))
+        );
+        assert_eq!(
+            run(&records(&client_hello(Some(&with)), 16 * 1024)),
+            Err(HelloError::EncryptedHello)
+        );
+        let reason = HelloError::EncryptedHello.to_string();
+        assert!(
+            reason.contains("--disable-features=EncryptedClientHello"),
+            "{reason}"
+        );
     }
 
     #[test]
