@@ -201,8 +201,10 @@ impl Allowlist {
         Allowlist::parse(&String::from_utf8_lossy(bytes), &path.display().to_string())
     }
 
-    /// Parses allowlist text; `source_name` (usually the path) prefixes every error message.
+    /// Parses allowlist text; `source_name` (usually the path) prefixes every error message. A
+    /// byte-order mark at the start (what Notepad and PowerShell 5 write) is not part of line 1.
     pub fn parse(text: &str, source_name: &str) -> Result<Allowlist, AllowlistError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut parsed: Vec<(usize, String, Entry)> = Vec::new();
         let mut errors = Vec::new();
         for (i, raw) in text.lines().enumerate() {
@@ -381,6 +383,28 @@ mod tests {
 
     fn host(s: &str) -> HostName {
         HostName::parse(s).unwrap()
+    }
+
+    /// A byte-order mark at the start of the file is not part of its first line, whatever that line
+    /// holds; anywhere else it is the non-ASCII character it is.
+    #[test]
+    fn a_leading_byte_order_mark_is_ignored() {
+        for text in [
+            "\u{feff}# comment\na.example\n",
+            "\u{feff}a.example\n",
+            "\u{feff}a.example",
+        ] {
+            let list = Allowlist::parse(text, "f").unwrap();
+            assert_eq!(
+                list.entries(),
+                &[Entry::Host(host("a.example"))],
+                "{text:?}"
+            );
+        }
+        let err = Allowlist::parse("a.example\n\u{feff}b.example\n", "f")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\n  f:2: "), "{err}");
     }
 
     /// A FIFO at the path (or a symlink to a device) fails at once with an error naming the path, rather

@@ -32,6 +32,7 @@ pub fn validate_args(entries: &[String]) -> Result<Vec<String>, AllowlistError> 
 /// The entries a line's content stands for, as the parser reads them into an allowlist (`@group`
 /// expanded, `host:443` the same as `host`), or none for comments, blanks and unreadable lines.
 fn line_entries(line: &str) -> Option<(String, Vec<Entry>)> {
+    let line = line.strip_prefix('\u{feff}').unwrap_or(line);
     let content = line.split('#').next().unwrap_or_default().trim();
     if content.is_empty() {
         return None;
@@ -449,6 +450,21 @@ mod tests {
         ] {
             let r = remove(file, &strings(&[name]));
             assert_eq!((r.text.as_str(), r.lines), (file, 0), "{name}");
+        }
+    }
+
+    /// A file saved with a byte-order mark: its first line is still an entry that `deny` finds, `@group`
+    /// lines included.
+    #[test]
+    fn a_byte_order_mark_does_not_hide_the_first_line() {
+        for (file, entry) in [
+            ("\u{feff}a.com\nb.com\n", "a.com"),
+            ("\u{feff}@pypi\nb.com\n", "@pypi"),
+        ] {
+            let r = remove(file, &strings(&[entry]));
+            assert_eq!((r.text.as_str(), r.lines), ("b.com\n", 1), "{file:?}");
+            let (_, added) = append(file, &strings(&[entry]), "2026-12-02");
+            assert!(added.is_empty(), "{file:?}");
         }
     }
 
