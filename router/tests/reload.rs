@@ -15,6 +15,7 @@ use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
+use agent_sandbox_router::proxy::tls::build;
 use gateway::{replace_file, Gateway, SlowBody, TempDir};
 use hickory_proto::op::ResponseCode;
 use lab::{Dns, DnsBehaviour, Lab, Upstream};
@@ -446,4 +447,60 @@ fn restart_only_changes_fail_the_reload() {
     // Back to the running timeout: the allowlist change applies.
     replace_file(&config, &toml(5));
     assert!(gw.wait_answered("b.test") < WATCH_BOUND);
+}
+
+/// A connection accepted before a reload is decided by the rules in force once its name is known: a
+/// client that sends one byte, waits for the reload that removes a name, then sends the rest of a
+/// request head or ClientHello for that name, is refused (reviewer N: both were judged by the rules
+/// of the accept, and the removed name was dialled).
+#[test]
+fn a_connection_begun_before_a_reload_is_decided_after_it() {
+    let Some(f) = Fixture::new("keep.test\nold.test\n") else {
+        return;
+    };
+    let _old = f.hello("old.test", 2);
+    let (reached, reached_rx) = std::sync::mpsc::channel();
+    let _old_tls = Upstream::start(
+        &f.lab,
+        SocketAddr::from((f.lab.upstream_ips[2], 443)),
+        move |mut s| {
+            let mut byte = [0u8; 1];
+            let _ = reached.send(std::io::Read::read(&mut s, &mut byte).unwrap_or(0));
+        },
+    );
+    let gw = f.start(&[]);
+    let hello = build::records(
+        &build::client_hello(Some(&build::sni_extension(&[b"old.test"]))),
+        16 * 1024,
+    );
+    let mut http = gw.connect(gw.http).unwrap();
+    http.write_all(b"G").unwrap();
+    let mut tls = gw.connect(gw.https).unwrap();
+    tls.write_all(&hello[..1]).unwrap();
+    // Both accepted: the deferred accept hands a connection over once a byte is in.
+    let open = |l: &str| {
+        gw.metric("agent_sandbox_router_connections_open", &[("listener", l)])
+            .unwrap_or(0.0)
+    };
+    let deadline = std::time::Instant::now() + gateway::PATIENCE;
+    while open("http") < 1.0 || open("https") < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "not accepted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    std::fs::write(&f.list, "keep.test\n").unwrap();
+    gw.signal(libc::SIGHUP);
+    assert_eq!(gw.wait_reload(1)["fields"]["result"], "success");
+
+    http.write_all(b"ET / HTTP/1.1\r\nHost: old.test\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let reply = String::from_utf8_lossy(&gateway::read_to_close(&mut http)).into_owned();
+    assert_eq!(status(&reply), "403", "{reply}");
+    tls.write_all(&hello[1..]).unwrap();
+    let answer = gateway::read_to_close(&mut tls);
+    assert_eq!(answer.first(), Some(&0x15), "an alert: {answer:?}");
+    assert!(
+        reached_rx.try_recv().is_err(),
+        "old.test's upstream was reached on 443"
+    );
 }

@@ -8,7 +8,7 @@
 //! How far the two halves have got is a [`Halves`] state.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use agent_sandbox_shared::logs::{Decision, Kind};
@@ -23,6 +23,7 @@ use super::refusal::{self, refuse_http, send_and_close, Refusals};
 use super::relay::{self, read_maybe_first, read_some, shutdown_write, write_all, write_first};
 use super::{show, Proxy, PEEK_READ};
 use crate::fairness::{PeekBudgetSpent, PeekCharge};
+use crate::live::LiveRules;
 use crate::metrics::{CloseReason, RefusalReason};
 
 /// Read size while relaying HTTP request bodies, while the [`PeekBudget`](crate::fairness::PeekBudget)
@@ -37,7 +38,8 @@ impl Proxy {
     pub(super) async fn handle_http(self: Arc<Self>, client: TcpStream, peer: SocketAddr) {
         let conn = HttpConn {
             client: &client,
-            rules: self.rules.load(),
+            live: &self.rules,
+            rules: OnceLock::new(),
             refusals: &self.refusals,
             peek_timeout: self.peek_timeout,
             peek: Mutex::new(PeekCharge::new(&self.bounds.peek)),
@@ -75,8 +77,12 @@ impl Proxy {
 struct HttpConn<'a> {
     /// The client.
     client: &'a TcpStream,
-    /// The rules as they were when the connection was accepted: every request on it is judged by them.
-    rules: Arc<Rules>,
+    /// The rules in force, of which the first decision takes a snapshot.
+    live: &'a LiveRules,
+    /// The rules as they were when the first request head had been read: every request on the
+    /// connection is judged by them. Not the accept's: a client that sent a byte before a reload and
+    /// the rest of its head after it is judged by the new rules.
+    rules: OnceLock<Arc<Rules>>,
     /// The texts refused clients see.
     refusals: &'a Refusals,
     /// How long a request head may take once it has begun.
@@ -148,6 +154,7 @@ impl HttpConn<'_> {
     fn decide(&self, head: &RequestHead) -> Result<HostName, (Status, String)> {
         let name = self
             .rules
+            .get_or_init(|| self.live.load())
             .policy
             .decide_http_host(&head.host)
             .map_err(|r| (refusal::policy_status(&r), refusal::policy_reason(&r)))?;

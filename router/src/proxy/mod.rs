@@ -8,7 +8,8 @@
 //!   ([`crate::fairness`]), one task per connection. DNS over TCP ([`crate::dns_tcp`]) is accepted by
 //!   the same loop, under the same caps.
 //! - [`tls_conn`], [`http_conn`], [`forward_conn`]: the three connection drivers. Each takes one snapshot
-//!   of the rules when the connection starts and decides on the name the client sent (SNI, Host, or the
+//!   of the rules when it has the name to decide on (the ClientHello or first request head read; the
+//!   accept for an entry's own port) and decides on the name the client sent (SNI, Host, or the
 //!   entry itself) by the shared [`Policy`](agent_sandbox_shared::Policy) — normalised once, matched once.
 //!   The parsers they drive are pure: [`tls`] (ClientHello) and [`http`] (request heads, bodies).
 //! - [`dial`]: the one way any driver reaches an upstream: always the decided name, resolved and checked

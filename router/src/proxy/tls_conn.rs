@@ -43,13 +43,15 @@ impl Proxy {
             self.coalesce,
             Arc::clone(&self.bounds.metrics),
         );
-        let rules = self.rules.load();
         // What the peek buffers hold past the usual is charged to the router-wide budget until they are
         // gone (dropped before a terminated connection's or a relay's long life).
         let mut charge = PeekCharge::new(&self.bounds.peek);
         let Some(reader) = self.read_hello(&client, &log, &mut charge).await else {
             return;
         };
+        // The rules as they are now that the name is known, not as they were at the accept: a client
+        // that sent a byte before a reload and the rest after it is judged by the new rules.
+        let rules = self.rules.load();
         let sni = reader.sni();
         let first_sni = sni.to_vec();
         let shown = show(sni);
