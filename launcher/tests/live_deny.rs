@@ -28,7 +28,10 @@ const PODMAN: &str = r#"#!/bin/sh
 logs="$(dirname "$0")/../logs"
 printf '%s\n' "$*" >> "$logs/calls"
 case "$1" in
-ps) cat "$logs/ps.json" ;;
+ps)
+    # A test's marker: this one listing is slow (a change caught half-way through).
+    if rm "$logs/slow-ps" 2>/dev/null; then sleep 2; fi
+    cat "$logs/ps.json" ;;
 container)
     # container inspect --format ... NAME
     for last in "$@"; do :; done
@@ -137,7 +140,13 @@ impl Live {
 
     /// [`Live::run`] with `AGENT_SANDBOX_ALLOWLIST` set to `allowlist`.
     fn run_with(&self, allowlist: &Path, args: &[&str]) -> Output {
-        Command::new(LAUNCHER)
+        self.command(allowlist, args).output().unwrap()
+    }
+
+    /// The command [`Live::run_with`] runs.
+    fn command(&self, allowlist: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new(LAUNCHER);
+        command
             .args(args)
             .current_dir(&self.root)
             .env_clear()
@@ -147,9 +156,8 @@ impl Live {
             .env(
                 "PATH",
                 format!("{}:/usr/bin:/bin", self.root.join("bin").display()),
-            )
-            .output()
-            .unwrap()
+            );
+        command
     }
 
     fn file(&self) -> String {
@@ -493,4 +501,77 @@ fn allow_does_not_recreate_an_allowlist_a_running_session_uses() {
     assert!(!live.allowlist().exists());
     assert_eq!(live.reloads(), reloads);
     assert!(!live.session_allows("claude.ai"));
+}
+
+/// `allow` and `deny` at once take turns (reviewer N): an `allow` still waiting for podman applied the
+/// text it had read before the `deny`, which put the denied name back into the running session while
+/// `deny` said it was refused. Now the second command waits for the first, and reads the file after it.
+#[test]
+fn allow_and_deny_at_once_take_turns() {
+    let live = Live::new("turns", "api.anthropic.com\nx.example\n");
+    let marker = live.root.join("logs/slow-ps");
+    fs::write(&marker, "").unwrap();
+    let allow = live
+        .command(&live.allowlist(), &["allow", "y.example"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The allow is half-way: its file written, its listing of the sessions under way.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "allow never listed the sessions"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let deny = live.run(&["deny", "x.example"]);
+    let allow = allow.wait_with_output().unwrap();
+    assert!(allow.status.success(), "allow: {}", text(&allow));
+    assert!(deny.status.success(), "deny: {}", text(&deny));
+    assert!(
+        text(&deny).contains("waiting for another agent-sandbox command or session start"),
+        "{}",
+        text(&deny)
+    );
+    assert!(
+        !live.session_allows("x.example"),
+        "deny undone by the allow"
+    );
+    assert!(live.session_allows("y.example"));
+    assert!(!live.file().contains("x.example"), "{}", live.file());
+    assert!(live.file().contains("y.example"), "{}", live.file());
+}
+
+/// A name edited out of the file by hand and not reloaded is still in force in the session started
+/// with that file: `deny` says so and how to apply the file, instead of "not on the allowlist"
+/// (reviewer N: it judged that session by the file's text, since it counted as re-applied even when
+/// deny changed nothing).
+#[test]
+fn deny_after_a_hand_edit_says_the_session_still_allows_the_name() {
+    let live = Live::new("handedit", "api.anthropic.com\nx.example\n");
+    fs::write(live.allowlist(), "api.anthropic.com\n").unwrap();
+    let o = live.run(&["deny", "x.example"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(live.session_allows("x.example"), "the session's router");
+    assert!(!out.contains("not on the allowlist"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`x.example` is still allowed in session {ID} by the policy its router holds"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("`agent-sandbox reload`"), "{out}");
+    assert_eq!(live.reloads(), 0, "nothing applied: {out}");
+    let o = live.run(&["reload"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!live.session_allows("x.example"));
+    let o = live.run(&["deny", "x.example"]);
+    assert!(
+        text(&o).contains("`x.example` is not on the allowlist"),
+        "{}",
+        text(&o)
+    );
 }

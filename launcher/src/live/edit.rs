@@ -268,8 +268,9 @@ pub enum DenyProblem {
         /// Where that line is.
         place: Place,
     },
-    /// A session's policy still allows it, but no single line of it says so (should not happen: a
-    /// policy is the union of its lines); said rather than hidden.
+    /// A session's router still holds a policy that allows it, but no line of the allowlist or of the
+    /// session's own entries says so now: a change not yet applied (a hand edit without `reload`, or
+    /// a reload the router refused).
     StillAllowedUnexplained {
         /// The name.
         name: String,
@@ -333,7 +334,7 @@ impl std::fmt::Display for DenyProblem {
             }
             DenyProblem::StillAllowedUnexplained { name, id } => write!(
                 f,
-                "`{name}` is still allowed in session {id}, by no line deny can name: check `agent-sandbox sessions` and the allowlist it was started with"
+                "`{name}` is still allowed in session {id} by the policy its router holds, though no line deny can name allows it now (an edit not yet applied?): `agent-sandbox reload` applies the allowlist as it is; `agent-sandbox sessions` names the allowlist the session was started with"
             ),
             DenyProblem::Unchecked { name, id, error } => write!(
                 f,

@@ -15,6 +15,7 @@
 pub mod blocked;
 pub mod edit;
 pub mod files;
+pub mod lock;
 pub mod sessions;
 
 use std::ffi::OsString;
@@ -128,12 +129,22 @@ pub fn run(command: LiveCommand) -> anyhow::Result<()> {
             entries,
             ..
         } => {
+            let _lock = lock::acquire("allowing")?;
             let s = sessions::find(&podman, &id)?;
             allow_session(&podman, &s, &entries)
         }
-        LiveCommand::Allow { entries, .. } => allow_file(&podman, &settings, &entries),
-        LiveCommand::Deny { entries } => deny(&podman, &settings, &entries),
-        LiveCommand::Reload => reload(&podman, &settings),
+        LiveCommand::Allow { entries, .. } => {
+            let _lock = lock::acquire("allowing")?;
+            allow_file(&podman, &settings, &entries)
+        }
+        LiveCommand::Deny { entries } => {
+            let _lock = lock::acquire("denying")?;
+            deny(&podman, &settings, &entries)
+        }
+        LiveCommand::Reload => {
+            let _lock = lock::acquire("reloading")?;
+            reload(&podman, &settings)
+        }
         LiveCommand::Sessions { json } => list_sessions(&podman, json),
         LiveCommand::Blocked { id, follow, ask } => {
             if follow {
@@ -360,19 +371,20 @@ struct DenySession<'a> {
 }
 
 impl DenySession<'_> {
-    /// Whether `deny` gives this session a new policy: it was started with the file `deny` edits, or
-    /// its own entries changed.
-    fn reapplied(&self) -> bool {
-        self.other.is_none() || self.own.lines > 0
+    /// Whether `deny` gives this session a new policy: it was started with the file `deny` edits and
+    /// that file lost a line, or its own entries changed. Not a session whose file `deny` leaves as it
+    /// is: a line edited out by hand and not yet reloaded is still in force there.
+    fn reapplied(&self, file: &edit::Removal) -> bool {
+        (self.other.is_none() && file.lines > 0) || self.own.lines > 0
     }
 
     /// The policies the session's router may hold after the deny: the new one for a session that is
     /// re-applied; for any other, the one last confirmed in force and the one last written (a live
     /// change the router refused or did not confirm leaves them different), not what its allowlist
     /// file says now, which may have changed since without a reload.
-    fn policies_after(&self, file_text: &str, file_name: &str) -> anyhow::Result<Vec<Policy>> {
-        if self.reapplied() {
-            return Ok(vec![Policy::new(&self.allowlist(file_text, file_name)?)]);
+    fn policies_after(&self, file: &edit::Removal, file_name: &str) -> anyhow::Result<Vec<Policy>> {
+        if self.reapplied(file) {
+            return Ok(vec![Policy::new(&self.allowlist(&file.text, file_name)?)]);
         }
         files::read_possibly_in_force(&self.s.dir)?
             .into_iter()
@@ -461,7 +473,7 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
         // Every session started with the file, and any other whose own entries changed.
         let targets: Vec<(&Running, anyhow::Result<Allowlist>)> = denied
             .iter()
-            .filter(|d| d.reapplied())
+            .filter(|d| d.reapplied(&file))
             .map(|d| (d.s, d.allowlist(&file.text, &name)))
             .collect();
         apply_targets(podman, &all, targets)
@@ -547,7 +559,7 @@ fn deny_problems(
         }
         for d in denied {
             let id = &d.s.meta.id;
-            let policies = match d.policies_after(&file.text, name) {
+            let policies = match d.policies_after(file, name) {
                 Ok(policies) => policies,
                 Err(err) => {
                     // A session whose policy cannot be had cannot be said to refuse the name.

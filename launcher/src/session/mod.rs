@@ -99,6 +99,9 @@ pub fn run(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> Result<i32, SessionError> {
+    // From reading the allowlist until the router listens: a live change waits, and then finds this
+    // session running (crate::live::lock).
+    let lock = crate::live::lock::acquire("starting the session").map_err(SessionError::Check)?;
     let (checked, probes) = checks::check(podman, settings).map_err(SessionError::Check)?;
     interrupted(signals)?;
     let shared =
@@ -106,6 +109,7 @@ pub fn run(
     interrupted(signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    drop(lock);
     let status = command::run_command(
         podman, settings, checked, &shared, &session, command, signals,
     )
@@ -152,6 +156,8 @@ pub fn run_probe(
         home_volume: home.volume.clone(),
         ..settings.clone()
     };
+    let lock =
+        crate::live::lock::acquire("starting the doctor's session").map_err(SessionError::Check)?;
     let (checked, mut probes) =
         checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
     interrupted(signals)?;
@@ -163,6 +169,7 @@ pub fn run_probe(
         shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
     interrupted(signals)?;
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    drop(lock);
     let target = ProbeTarget {
         router: session.router.clone(),
         router_ip: session.router_ip,

@@ -25,6 +25,14 @@ pub(crate) fn session_dir(session: &str) -> PathBuf {
     sessions_root().join(format!("{NAME_PREFIX}{session}"))
 }
 
+/// The live lock's file ([`crate::live::lock`]), in [`sessions_root`] (made if missing, and checked as
+/// private as for a session directory).
+pub(crate) fn live_lock_path() -> anyhow::Result<PathBuf> {
+    let root = sessions_root();
+    ensure_private_dir(&root)?;
+    Ok(root.join("live.lock"))
+}
+
 /// The directory for the session's router and forwarder logs: `logs/agent-sandbox-ID` in the state
 /// directory (`$XDG_STATE_HOME/agent-sandbox`), on disk. Not in the session directory: that is normally
 /// in the runtime directory, a tmpfs the size of a tenth of RAM that rootless podman needs too, and a
