@@ -233,7 +233,9 @@ pub(crate) async fn serve(
     handler: Arc<DnsHandler>,
     shutdown: CancellationToken,
 ) {
-    let mut batch = Batch::new();
+    // A socket on the unspecified address answers from the address each query was sent to.
+    let pktinfo = socket.local_addr().is_ok_and(|a| a.ip().is_unspecified());
+    let mut batch = Batch::new(pktinfo);
     loop {
         let received = tokio::select! {
             r = socket.async_io(Interest::READABLE, || batch.receive(&socket)) => r,
@@ -266,8 +268,35 @@ pub(crate) async fn serve(
     }
 }
 
+/// Room for one `IP_PKTINFO` or `IPV6_PKTINFO` control message, aligned for `cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
+/// The address a datagram was sent to, from its `IP_PKTINFO` / `IPV6_PKTINFO` (only on a socket bound
+/// to the unspecified address): its reply leaves from there. Without it the kernel picks the source by
+/// the route back, and on a host with several addresses a client that asked any but the primary one
+/// would get its answer from another address, which resolvers discard.
+#[derive(Clone, Copy)]
+enum Local {
+    /// Not known (a socket bound to one address, or no control message): the kernel picks.
+    Unknown,
+    /// IPv4: the received `in_pktinfo`, whose `ipi_spec_dst` is the local address to answer from.
+    V4(libc::in_pktinfo),
+    /// IPv6 (IPv4 on a dual-stack socket as a mapped address): the received `in6_pktinfo`.
+    V6(libc::in6_pktinfo),
+}
+
 /// The buffers of one worker's batched receive loop, reused for every batch.
 struct Batch {
+    /// The socket is bound to the unspecified address and asked for each datagram's destination.
+    pktinfo: bool,
+    /// One control buffer per datagram received (used only with `pktinfo`).
+    controls: [Control; BATCH],
+    /// Each datagram's destination, from its control message.
+    locals: [Local; BATCH],
+    /// One control buffer per reply sent (used only with `pktinfo`).
+    send_controls: [Control; BATCH],
     /// One receive buffer per datagram.
     packets: Vec<[u8; MAX_DATAGRAM]>,
     /// The received lengths.
@@ -285,8 +314,12 @@ struct Batch {
 }
 
 impl Batch {
-    fn new() -> Batch {
+    fn new(pktinfo: bool) -> Batch {
         Batch {
+            pktinfo,
+            controls: [Control([0; 64]); BATCH],
+            locals: [Local::Unknown; BATCH],
+            send_controls: [Control([0; 64]); BATCH],
             packets: vec![[0u8; MAX_DATAGRAM]; BATCH],
             lengths: [0; BATCH],
             // SAFETY: sockaddr_storage is plain data for which all-zero bytes are a valid value.
@@ -311,6 +344,10 @@ impl Batch {
             msgs[i].msg_hdr.msg_iovlen = 1;
             msgs[i].msg_hdr.msg_name = std::ptr::addr_of_mut!(self.peers[i]).cast();
             msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+            if self.pktinfo {
+                msgs[i].msg_hdr.msg_control = self.controls[i].0.as_mut_ptr().cast();
+                msgs[i].msg_hdr.msg_controllen = self.controls[i].0.len() as _;
+            }
         }
         // SAFETY: every msghdr points at a live buffer of the stated length and at a sockaddr_storage
         // of the stated size, all owned by `self` or this frame and not moved during the call.
@@ -330,6 +367,13 @@ impl Batch {
         for (i, msg) in msgs.iter().take(n).enumerate() {
             self.lengths[i] = msg.msg_len as usize;
             self.peer_lengths[i] = msg.msg_hdr.msg_namelen;
+            self.locals[i] = if self.pktinfo {
+                // SAFETY: the header's control pointer and the length the kernel wrote describe
+                // `self.controls[i]`, which nothing has touched since the call.
+                unsafe { local_of(&msg.msg_hdr) }
+            } else {
+                Local::Unknown
+            };
         }
         Ok(n)
     }
@@ -399,6 +443,31 @@ impl Batch {
             msgs[k].msg_hdr.msg_iovlen = 1;
             msgs[k].msg_hdr.msg_name = std::ptr::addr_of_mut!(self.peers[peer]).cast();
             msgs[k].msg_hdr.msg_namelen = self.peer_lengths[peer];
+            let control = &mut self.send_controls[k];
+            // SAFETY: `control` is 64 bytes aligned for cmsghdr, room for either message.
+            let used = unsafe {
+                match self.locals[peer] {
+                    Local::Unknown => 0,
+                    Local::V4(mut info) => {
+                        // The route back chooses the interface; the source is the address asked.
+                        info.ipi_ifindex = 0;
+                        put_cmsg(control, libc::IPPROTO_IP, libc::IP_PKTINFO, info)
+                    }
+                    Local::V6(mut info) => {
+                        // The interface matters only for a link-local address.
+                        if info.ipi6_addr.s6_addr[0] != 0xfe
+                            || info.ipi6_addr.s6_addr[1] & 0xc0 != 0x80
+                        {
+                            info.ipi6_ifindex = 0;
+                        }
+                        put_cmsg(control, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info)
+                    }
+                }
+            };
+            if used > 0 {
+                msgs[k].msg_hdr.msg_control = control.0.as_mut_ptr().cast();
+                msgs[k].msg_hdr.msg_controllen = used as _;
+            }
         }
         // SAFETY: every msghdr points at a live reply of the stated length and at the sender's address
         // as recvmmsg wrote it, all owned by `self` or this frame and not moved during the call.
@@ -414,6 +483,68 @@ impl Batch {
             return Err(std::io::Error::last_os_error());
         }
         Ok(n as usize)
+    }
+}
+
+/// The destination a received message's `IP_PKTINFO` or `IPV6_PKTINFO` names ([`Local`]); `Unknown`
+/// when it has neither, or names a multicast address (no reply may leave from one).
+///
+/// # Safety
+/// `hdr.msg_control` and `hdr.msg_controllen` must describe control data the kernel wrote.
+unsafe fn local_of(hdr: &libc::msghdr) -> Local {
+    // SAFETY: the caller's guarantee; CMSG_FIRSTHDR and CMSG_NXTHDR stay within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            let data = libc::CMSG_DATA(cmsg);
+            match ((*cmsg).cmsg_level, (*cmsg).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO)
+                    if (*cmsg).cmsg_len as usize
+                        >= libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32)
+                            as usize =>
+                {
+                    let info = std::ptr::read_unaligned(data.cast::<libc::in_pktinfo>());
+                    return Local::V4(info);
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
+                    if (*cmsg).cmsg_len as usize
+                        >= libc::CMSG_LEN(std::mem::size_of::<libc::in6_pktinfo>() as u32)
+                            as usize =>
+                {
+                    let info = std::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>());
+                    if info.ipi6_addr.s6_addr[0] == 0xff {
+                        return Local::Unknown;
+                    }
+                    return Local::V6(info);
+                }
+                _ => {}
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    Local::Unknown
+}
+
+/// Writes one control message of `level`/`kind` carrying `value` at the start of `control`; returns
+/// the length to give `msg_controllen`.
+///
+/// # Safety
+/// `T` must be the plain-data struct the kernel expects for `level`/`kind`, and fit in `control`.
+unsafe fn put_cmsg<T>(control: &mut Control, level: i32, kind: i32, value: T) -> usize {
+    control.0 = [0; 64];
+    let size = std::mem::size_of::<T>() as u32;
+    // SAFETY: a msghdr whose control buffer is `control`, so CMSG_FIRSTHDR returns its start, which is
+    // aligned for cmsghdr; CMSG_SPACE(size) fits in 64 bytes for both pktinfo structs.
+    unsafe {
+        let mut hdr: libc::msghdr = std::mem::zeroed();
+        hdr.msg_control = control.0.as_mut_ptr().cast();
+        hdr.msg_controllen = libc::CMSG_SPACE(size) as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&hdr);
+        (*cmsg).cmsg_level = level;
+        (*cmsg).cmsg_type = kind;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<T>(), value);
+        libc::CMSG_SPACE(size) as usize
     }
 }
 
@@ -440,6 +571,28 @@ pub(crate) fn bind_many(
         socket.set_nonblocking(true)?;
         // A deeper receive queue rides out bursts instead of dropping them.
         let _ = socket.set_recv_buffer_size(4 * 1024 * 1024);
+        if addr.ip().is_unspecified() {
+            // Each datagram's destination, so its reply leaves from the address asked (`Local`).
+            let (level, option) = if addr.is_ipv4() {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO)
+            } else {
+                (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)
+            };
+            let on: libc::c_int = 1;
+            // SAFETY: setsockopt with an int option value on a socket this function owns.
+            let r = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&socket),
+                    level,
+                    option,
+                    std::ptr::from_ref(&on).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         socket.bind(&addr.into())?;
         if addr.port() == 0 {
             if let Some(bound) = socket.local_addr()?.as_socket() {

@@ -78,7 +78,8 @@ pub struct Gateway {
 
 impl Gateway {
     /// Starts the router in `lab`'s R with `allowlist`, resolving through `dns`, admin on, and `extra`
-    /// flags; waits for its DNS, HTTP, TLS and admin "listening on" lines.
+    /// flags (a `--dns` among them replaces the default, 127.0.0.1:0); waits for its DNS, HTTP, TLS and
+    /// admin "listening on" lines.
     pub fn start(lab: &Lab, dns: &Dns, allowlist: &Path, extra: &[&str]) -> Gateway {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &lab.r.name])
@@ -86,7 +87,12 @@ impl Gateway {
             .arg("--allowlist")
             .arg(allowlist)
             .args(["--answer", &ANSWER.to_string()])
-            .args(["--dns", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(if extra.contains(&"--dns") {
+                &[][..]
+            } else {
+                &["--dns", "127.0.0.1:0"][..]
+            })
+            .args(["--http", "127.0.0.1:0"])
             .args(["--https", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--resolver", &dns.addr.to_string()])
             .args(["--log-format", "json"])
