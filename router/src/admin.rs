@@ -6,11 +6,14 @@
 //!
 //! A small HTTP/1.1 responder rather than hyper: three GET routes need a request line and nothing else,
 //! and every part of it is bounded: the request head (8 KB), the time to send it and to take the response
-//! (5 s each), and the number of connections at once (64; more are closed at once). Each connection
+//! (5 s each), and the number of connections at once (64, and 8 from any one address; more are closed
+//! at once). Each connection
 //! carries one request and is closed after its response (`Connection: close`), so nothing is kept alive.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -39,6 +42,11 @@ const LINGER_BYTES: usize = 64 * 1024;
 
 /// Admin connections handled at once; a scraper and two probes need three.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// Admin connections one source address may hold at once. The kubelet's probes come from the node and
+/// a scraper from its own pod, so a client that holds connections open (each may take
+/// [`READ_TIMEOUT`] to send nothing) cannot use up [`MAX_CONNECTIONS`] and fail the probes.
+pub const MAX_PER_SOURCE: usize = 8;
 
 /// The content type of the text exposition format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -105,6 +113,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         info!(%addr, "admin endpoint listening on {addr}");
     }
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let sources = Arc::new(Sources::default());
     let mut tasks = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -115,15 +124,19 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         };
         match accepted {
             Ok((stream, peer)) => {
+                let Some(slot) = Sources::take(&sources, peer.ip()) else {
+                    // Closing at once costs nothing, and a prober retries.
+                    debug!(%peer, "admin connection refused: {MAX_PER_SOURCE} already open from its address");
+                    continue;
+                };
                 let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-                    // At the cap: closing at once costs nothing, and a prober retries.
                     debug!(%peer, "admin connection refused: {MAX_CONNECTIONS} already open");
                     continue;
                 };
                 let state = Arc::clone(&state);
                 tasks.spawn(async move {
                     handle(stream, &state).await;
-                    drop(permit);
+                    drop((permit, slot));
                 });
             }
             Err(e) => {
@@ -137,6 +150,49 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         }
     }
     tasks.shutdown().await;
+}
+
+/// The admin connections open per source address ([`MAX_PER_SOURCE`]).
+#[derive(Debug, Default)]
+struct Sources(Mutex<HashMap<IpAddr, usize>>);
+
+impl Sources {
+    /// A slot for one more connection from `ip`, or `None` when it holds [`MAX_PER_SOURCE`].
+    fn take(sources: &Arc<Sources>, ip: IpAddr) -> Option<SourceSlot> {
+        let mut open = sources.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = open.entry(ip).or_insert(0);
+        if *n >= MAX_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            sources: Arc::clone(sources),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in [`Sources`], given back when dropped.
+#[derive(Debug)]
+struct SourceSlot {
+    sources: Arc<Sources>,
+    ip: IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .sources
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// One connection: read a request head, answer it, close.

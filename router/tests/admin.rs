@@ -205,37 +205,79 @@ async fn read_deadline() {
     assert!(started.elapsed() >= admin::READ_TIMEOUT);
 }
 
-/// At the connection cap a new connection is closed at once; once one closes, requests are served again.
-#[tokio::test]
-async fn connection_cap() {
-    let server = Server::start().await;
-    let mut idle = Vec::new();
-    for _ in 0..admin::MAX_CONNECTIONS {
-        let mut s = TcpStream::connect(server.addr).await.unwrap();
-        // One byte, so the server is known to be reading this connection (not just its backlog).
+/// A connection from `source` (a loopback address) to `server`.
+async fn connect_from(source: [u8; 4], server: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+/// `count` connections from `source`, each with one byte sent, so the server is known to be reading
+/// them (not just holding them in its backlog) once a request after them is answered.
+async fn hold(source: [u8; 4], server: std::net::SocketAddr, count: usize) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let mut s = connect_from(source, server).await;
         s.write_all(b"G").await.unwrap();
-        idle.push(s);
+        held.push(s);
     }
-    let mut extra = TcpStream::connect(server.addr).await.unwrap();
+    held
+}
+
+/// A connection the server closes at once, without an answer (not after the read deadline).
+async fn closed_at_once(mut s: TcpStream) {
     let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(4), extra.read_to_end(&mut buf))
+    let read = tokio::time::timeout(Duration::from_secs(4), s.read_to_end(&mut buf))
         .await
         .expect("closed at once, not after the read deadline");
     assert!(read.is_err() || buf.is_empty(), "{buf:?}");
-    drop(idle.pop());
-    // The freed slot comes back once the server has seen that close: poll for it.
+}
+
+/// `GET /livez` from `source`, retried until it is answered 200 (a slot freed by a close comes back
+/// once the server has seen that close): polls, within 4 s.
+async fn served(source: [u8; 4], server: std::net::SocketAddr) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     loop {
-        let mut s = TcpStream::connect(server.addr).await.unwrap();
+        let mut s = connect_from(source, server).await;
         s.write_all(b"GET /livez HTTP/1.1\r\n\r\n").await.unwrap();
         let mut bytes = Vec::new();
         let _ = s.read_to_end(&mut bytes).await;
         if bytes.starts_with(b"HTTP/1.1 200 ") {
-            break;
+            return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "slot never freed");
+        assert!(tokio::time::Instant::now() < deadline, "not served");
         tokio::task::yield_now().await;
     }
+}
+
+/// At the connection cap a new connection is closed at once; once one closes, requests are served again.
+#[tokio::test]
+async fn connection_cap() {
+    let server = Server::start().await;
+    let per = admin::MAX_PER_SOURCE;
+    let mut idle = Vec::new();
+    for i in 0..admin::MAX_CONNECTIONS / per {
+        idle.extend(hold([127, 0, 1, u8::try_from(i + 1).unwrap()], server.addr, per).await);
+    }
+    assert_eq!(idle.len(), admin::MAX_CONNECTIONS);
+    closed_at_once(connect_from([127, 0, 2, 1], server.addr).await).await;
+    drop(idle.pop());
+    served([127, 0, 2, 1], server.addr).await;
+}
+
+/// One address holding connections open cannot lock others out (reviewer N: 64 idle connections from
+/// one client failed the kubelet's probes): past its own cap its next connection is closed at once,
+/// while another address is served.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let server = Server::start().await;
+    let mut idle = hold([127, 0, 3, 1], server.addr, admin::MAX_PER_SOURCE).await;
+    closed_at_once(connect_from([127, 0, 3, 1], server.addr).await).await;
+    served([127, 0, 3, 2], server.addr).await;
+    drop(idle.pop());
+    served([127, 0, 3, 1], server.addr).await;
 }
 
 #[tokio::test]
