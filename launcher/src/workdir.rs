@@ -77,6 +77,13 @@ pub enum Refusal {
         /// agent-sandbox's directory.
         path: PathBuf,
     },
+    /// The directory's path holds a character podman's `--volume` cannot mount: `:` separates its
+    /// source, destination and options, and podman refuses a value with more than three parts.
+    #[error("cannot run in {dir}: its path contains ':', which podman's --volume takes as a separator, so the project cannot be mounted at the same path. Rename or move the directory so that its path has no ':'")]
+    Unmountable {
+        /// The refused directory.
+        dir: PathBuf,
+    },
     /// The directory contains this program.
     #[error("refusing to run in {dir}: it contains the agent-sandbox program {exe}, which the sandbox could replace. Run from a project directory that does not hold it")]
     ContainsLauncher {
@@ -159,6 +166,10 @@ fn related(a: &Path, b: &Path) -> bool {
 /// Every path must already be canonical (see [`canonicalize_lenient`]); this function only compares.
 pub fn check(dir: &Path, guarded: &Guarded) -> Result<(), Refusal> {
     let refuse_dir = || dir.to_owned();
+    // Before anything is created: podman would refuse the mount only at the last step of a start.
+    if dir.as_os_str().as_bytes().contains(&b':') {
+        return Err(Refusal::Unmountable { dir: refuse_dir() });
+    }
     for home in &guarded.homes {
         if dir == home {
             return Err(Refusal::Home(refuse_dir()));
@@ -575,11 +586,24 @@ mod tests {
             ("/home/me/.local/share/x", false),
             ("/home/me/src/.hidden", true),
             ("/home/me/..x", false),
+            ("/home/me/src/2024-01-01T10:00", false),
+            ("/home/me/src/a,b", true),
         ];
         for (dir, ok) in cases {
             assert_eq!(check(Path::new(dir), &g).is_ok(), *ok, "{dir}");
         }
         assert_eq!(check(&home, &g), Err(Refusal::Home(home.clone())));
+        // Reviewer O: podman splits --volume on every ':', so such a project failed at the sandbox's
+        // own `podman run`, after the network, router, pod and forwarder were made.
+        let colon = p("/home/me/src/2024-01-01T10:00");
+        assert_eq!(
+            check(&colon, &g),
+            Err(Refusal::Unmountable { dir: colon.clone() })
+        );
+        assert!(check(&colon, &g)
+            .unwrap_err()
+            .to_string()
+            .contains("Rename or move the directory"));
         assert!(matches!(
             check(Path::new("/"), &g),
             Err(Refusal::ParentOfHome { .. })
