@@ -161,6 +161,57 @@ fn related(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
 }
 
+/// The mount points strictly below `dir` (canonical) in this process's mount table, the topmost of
+/// each (one below another is hidden with it), in order.
+pub fn mounts_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(mounts_below_in(
+        &fs::read_to_string("/proc/self/mountinfo")?,
+        dir,
+    ))
+}
+
+/// [`mounts_below`] over the text of a `mountinfo` file.
+fn mounts_below_in(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    let mut below: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_mount_point)
+        .filter(|point| point != dir && point.starts_with(dir))
+        .collect();
+    below.sort();
+    below.dedup();
+    let mut topmost: Vec<PathBuf> = Vec::new();
+    for point in below {
+        if !topmost.iter().any(|t| point.starts_with(t)) {
+            topmost.push(point);
+        }
+    }
+    topmost
+}
+
+/// A mount point as the kernel writes it in `mountinfo`: space, tab, newline and backslash as octal
+/// escapes (`\040`).
+fn unescape_mount_point(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = bytes
+            .get(i + 1..i + 4)
+            .filter(|digits| bytes[i] == b'\\' && digits.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .map(|d| d.iter().fold(0u32, |v, b| v * 8 + u32::from(b - b'0')))
+            .and_then(|v| u8::try_from(v).ok());
+        if let Some(value) = escaped {
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(<OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
+}
+
 /// Refuses `dir` if it comes too close to anything in `guarded` (see [`Guarded`]).
 ///
 /// Every path must already be canonical (see [`canonicalize_lenient`]); this function only compares.
@@ -565,6 +616,35 @@ mod tests {
             allowlist: vec![p("/home/me/.config/agent-sandbox/allowed-hosts").into()],
             ..Guarded::default()
         }
+    }
+
+    /// Mount points below a directory, from a mountinfo text: strictly below, topmost of each stack,
+    /// escapes undone, a sibling with a common prefix left out.
+    #[test]
+    fn mounts_below_a_directory() {
+        let info = "\
+22 1 8:1 / / rw - ext4 /dev/sda1 rw
+30 22 0:40 / /home/me/src/p rw - tmpfs t rw
+31 30 0:41 / /home/me/src/p/usb rw - vfat /dev/sdb1 rw
+32 31 0:42 / /home/me/src/p/usb/inner rw - tmpfs t rw
+33 30 0:43 / /home/me/src/p/a\\040b rw - fuse.sshfs h:/ rw
+34 22 0:44 / /home/me/src/pp rw - tmpfs t rw
+35 30 0:45 / /home/me/src/p/usb rw - tmpfs t rw
+36 30 0:46 / /home/me/src/p/back\\134slash rw - tmpfs t rw
+";
+        assert_eq!(
+            mounts_below_in(info, Path::new("/home/me/src/p")),
+            vec![
+                p("/home/me/src/p/a b"),
+                p("/home/me/src/p/back\\slash"),
+                p("/home/me/src/p/usb")
+            ]
+        );
+        assert!(mounts_below_in(info, Path::new("/home/me/src/pp")).is_empty());
+        assert_eq!(unescape_mount_point("/x\\0"), p("/x\\0"));
+        assert_eq!(unescape_mount_point("/x\\777"), p("/x\\777"));
+        // This process's own table reads.
+        assert!(mounts_below(Path::new("/")).is_ok());
     }
 
     #[test]

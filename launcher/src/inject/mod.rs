@@ -849,6 +849,7 @@ mod tests {
             user: crate::podman::UserMapping::KeepId,
             passwd_entry: None,
             project: "/p".into(),
+            covered: Vec::new(),
             home_volume: "v".into(),
             home: "/home/me".into(),
             chown_home: false,

@@ -54,6 +54,17 @@ fn mount(src: &Path, dst: &Path, opts: &str) -> OsString {
     m
 }
 
+/// Whether `path` can be a `--mount` destination whole: podman reads `--mount` as CSV, so a comma, a
+/// double quote or a line break would split it. A mount below the project at such a path is not
+/// covered; the project is then bound alone, as with no mount below it.
+fn mountable_destination(path: &Path) -> bool {
+    !path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
+}
+
 /// `path` if podman and conmon take it whole as a log path. Podman before 5.0 reads `--log-opt` values
 /// as CSV, so a comma or a double quote would break the container's start; conmon gets the driver and
 /// the path as `k8s-file:PATH` and cuts at the first colon after the driver, so with a colon it would
@@ -368,10 +379,29 @@ pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
     let home_opts = if spec.chown_home { ":U" } else { "" };
     let mut home_env = OsString::from("HOME=");
     home_env.push(spec.home.as_os_str());
-    // `:bind`, not podman's default `rbind`: mounts below the project on the host (a USB disk, an
-    // sshfs, a bind of ~/.ssh) are not carried into the sandbox.
-    a.opt("--volume", mount(&spec.project, &spec.project, ":bind"))
-        .opt("--workdir", &spec.project)
+    // Mounts below the project on the host (a USB disk, an sshfs, a bind of ~/.ssh) never show in the
+    // sandbox. With none, the project is bound alone (`:bind`, not podman's default `rbind`). With
+    // some, a bind that leaves them out fails under rootless podman for a mount older than its user
+    // namespace (the kernel locks such mounts, and a non-recursive bind of a directory with a locked
+    // mount below it is refused: EINVAL), so the bind is recursive and each one is covered by an
+    // empty read-only tmpfs, which nothing in the sandbox can unmount (no capability; and in a nested
+    // user namespace the copy is locked).
+    let coverable = spec.covered.iter().all(|c| mountable_destination(&c.path));
+    if spec.covered.is_empty() || !coverable {
+        a.opt("--volume", mount(&spec.project, &spec.project, ":bind"));
+    } else {
+        a.opt("--volume", mount(&spec.project, &spec.project, ":rbind"));
+        for c in &spec.covered {
+            let mut m = OsString::from(if c.file {
+                "type=bind,source=/dev/null,ro=true,destination="
+            } else {
+                "type=tmpfs,tmpfs-size=4096,tmpfs-mode=0555,notmpcopyup,ro=true,destination="
+            });
+            m.push(c.path.as_os_str());
+            a.opt("--mount", m);
+        }
+    }
+    a.opt("--workdir", &spec.project)
         .opt(
             "--volume",
             mount(Path::new(&spec.home_volume), &spec.home, home_opts),
@@ -614,6 +644,7 @@ mod tests {
             user,
             passwd_entry: Some("me:*:1000:1000:me:/home/me:/bin/bash".into()),
             project: "/home/me/src/p".into(),
+            covered: Vec::new(),
             home_volume: "agent-sandbox-home".into(),
             home: "/home/me".into(),
             chown_home: false,
@@ -1036,6 +1067,55 @@ mod tests {
             "claude".to_owned(),
             "--continue".to_owned()
         ]));
+    }
+
+    /// Mounts below the project: a recursive bind with each covered by an empty read-only tmpfs
+    /// (reviewer O: a non-recursive bind failed under rootless podman for a mount older than its user
+    /// namespace); a destination podman's CSV would split leaves the project bound alone.
+    #[test]
+    fn mounts_below_the_project_are_covered() {
+        use crate::podman::Covered;
+        let mut spec = sandbox(UserMapping::KeepId);
+        let covered = |path: &str, file: bool| Covered {
+            path: path.into(),
+            file,
+        };
+        spec.covered = vec![
+            covered("/home/me/src/p/usb", false),
+            covered("/home/me/src/p/a b/c", false),
+            covered("/home/me/src/p/key", true),
+        ];
+        let a = strs(&sandbox_run(&spec));
+        assert!(has(
+            &a,
+            &["--volume", "/home/me/src/p:/home/me/src/p:rbind"]
+        ));
+        assert!(has(
+            &a,
+            &[
+                "--mount",
+                "type=tmpfs,tmpfs-size=4096,tmpfs-mode=0555,notmpcopyup,ro=true,destination=/home/me/src/p/usb"
+            ]
+        ));
+        assert!(has(
+            &a,
+            &[
+                "--mount",
+                "type=tmpfs,tmpfs-size=4096,tmpfs-mode=0555,notmpcopyup,ro=true,destination=/home/me/src/p/a b/c"
+            ]
+        ));
+        assert!(has(
+            &a,
+            &[
+                "--mount",
+                "type=bind,source=/dev/null,ro=true,destination=/home/me/src/p/key"
+            ]
+        ));
+        assert_eq!(count(&a, "--mount"), 3);
+        spec.covered.push(covered("/home/me/src/p/x,y", false));
+        let a = strs(&sandbox_run(&spec));
+        assert!(has(&a, &["--volume", "/home/me/src/p:/home/me/src/p:bind"]));
+        assert_eq!(count(&a, "--mount"), 0);
     }
 
     #[test]

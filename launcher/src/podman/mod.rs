@@ -21,8 +21,8 @@ mod spec;
 
 pub use runner::{Podman, PodmanError};
 pub use spec::{
-    ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxCa, SandboxSpec, SessionLabels,
-    UserMapping,
+    Covered, ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxCa, SandboxSpec,
+    SessionLabels, UserMapping,
 };
 
 /// Label naming the session on every object a session creates (network, router, pod, containers).

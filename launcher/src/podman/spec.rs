@@ -161,6 +161,10 @@ pub struct SandboxSpec {
     pub passwd_entry: Option<String>,
     /// The canonical project directory: mounted read-write at the same path, and the working directory.
     pub project: PathBuf,
+    /// Rootless: what is mounted below the project on the host, the topmost of each stack
+    /// ([`crate::workdir::mounts_below`]), each covered in the sandbox by something empty. Empty
+    /// (always, rootful): the project is bound alone, not recursively.
+    pub covered: Vec<Covered>,
     /// The home volume's name.
     pub home_volume: String,
     /// The sandbox user's home, where the home volume is mounted.
@@ -183,6 +187,16 @@ pub struct SandboxSpec {
     pub pass_env: Vec<String>,
     /// The command and its arguments.
     pub command: Vec<OsString>,
+}
+
+/// A mount point below the project, covered in the sandbox: a directory by an empty read-only tmpfs,
+/// a file by `/dev/null`, read-only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Covered {
+    /// The mount point.
+    pub path: PathBuf,
+    /// It is a file (a bind mount of one file), not a directory.
+    pub file: bool,
 }
 
 /// What the sandbox gets of the session CA: its certificate and a bundle that adds it to the image's

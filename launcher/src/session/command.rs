@@ -12,7 +12,7 @@ use super::checks::Checked;
 use super::shared::Shared;
 use super::start::Session;
 use super::PASS_ENV;
-use crate::podman::{args, logfile, Podman, SandboxCa, SandboxSpec};
+use crate::podman::{args, logfile, Covered, Podman, SandboxCa, SandboxSpec, UserMapping};
 use crate::report;
 use crate::settings::Settings;
 use crate::signals::SignalWatch;
@@ -69,6 +69,7 @@ fn sandbox_spec(
     command: Vec<OsString>,
     tty: bool,
 ) -> SandboxSpec {
+    let covered = covered(&checked);
     SandboxSpec {
         name: format!("{}-sandbox", session.base),
         labels: session.labels.clone(),
@@ -76,6 +77,7 @@ fn sandbox_spec(
         image: settings.image.clone(),
         user: checked.user.mapping,
         passwd_entry: checked.user.passwd_entry,
+        covered,
         project: checked.project,
         home_volume: settings.home_volume.clone(),
         home: checked.user.home,
@@ -95,6 +97,25 @@ fn sandbox_spec(
         pass_env: pass_env(settings.inject),
         command,
     }
+}
+
+/// Rootless, what is mounted below the project, to be covered in the sandbox (see
+/// [`args::sandbox_run`]): read now, right before podman mounts the project. Rootful podman binds the
+/// project alone, which works whatever is below it. Unreadable: none, and the project is bound alone,
+/// which never shows what is below it either.
+fn covered(checked: &Checked) -> Vec<Covered> {
+    if checked.user.mapping != UserMapping::KeepId {
+        return Vec::new();
+    }
+    crate::workdir::mounts_below(&checked.project)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|path| Covered {
+            // A mount point the user cannot stat (another user's FUSE mount) is taken as a directory.
+            file: std::fs::metadata(&path).is_ok_and(|m| !m.is_dir()),
+            path,
+        })
+        .collect()
 }
 
 /// The variables passed through by name: [`PASS_ENV`], but never the real API key unless injection
