@@ -95,9 +95,11 @@ impl DnsHandler {
         &self.metrics
     }
 
-    /// Counts and logs a request that is not one standard question.
+    /// Counts and logs a request that is not one standard question: a `refused` event with no name,
+    /// coalesced per client and reason like every other refusal (a client sending garbage costs one
+    /// line per window, not one per packet).
     pub(crate) fn reject(&self, client: SocketAddr, why: &str) {
         self.metrics.dns_query(DnsResult::Rejected);
-        debug!(%client, why, "malformed DNS request");
+        coalesce::refused(Kind::Dns, client, "", why, None);
     }
 }

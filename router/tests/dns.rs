@@ -205,6 +205,12 @@ fn garbage_never_stalls_the_server() {
             assert_eq!(answer.records, 0);
         }
     }
+    // Each kind is logged as a refusal with its reason (once per window and client, not per packet).
+    router.wait_for_log("malformed refusals", |log| {
+        log.contains("reason=not one standard question ")
+            && log.contains("reason=a runt or a response ")
+            && log.contains("kind=\"dns\"")
+    });
     // And the server still answers.
     assert_eq!(
         udp_query(dns, "api.anthropic.com.", RecordType::A)
