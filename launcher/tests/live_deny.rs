@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 
 use agent_sandbox::live::files::SessionMeta;
 use agent_sandbox::liveness;
-use agent_sandbox::podman::{LABEL_BOOT, LABEL_PID, LABEL_SESSION, LABEL_START};
+use agent_sandbox::podman::{LABEL_BOOT, LABEL_PID, LABEL_SESSION, LABEL_SESSION_DIR, LABEL_START};
 use agent_sandbox_shared::{Allowlist, HostName, Policy, RouterConfig, SessionPlan};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_agent-sandbox");
@@ -98,10 +98,18 @@ impl Live {
     /// The session directory a session start with `allowlist` (holding `file`) leaves (plan from the file's policy, its meta), and the
     /// router container `podman ps` lists, labelled as belonging to this live process.
     fn start_session(&self, allowlist: &Path, file: &str) {
+        self.start_session_labelled(allowlist, file, true);
+    }
+
+    /// [`Live::start_session`], with the session directory's label on the router or (as an older
+    /// launcher started it) without.
+    fn start_session_labelled(&self, allowlist: &Path, file: &str, dir_label: bool) {
         let dir = self.session_dir();
         for d in ["router", "forwarder"] {
             fs::create_dir_all(dir.join(d)).unwrap();
         }
+        // As a session start makes it: this user's, no one else's.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
         let router_ip = Ipv4Addr::new(10, 89, 0, 2);
         let policy = Policy::new(&Allowlist::parse(file, "t").unwrap());
         let plan = SessionPlan::new(&policy, router_ip).unwrap();
@@ -121,14 +129,18 @@ impl Live {
         )
         .unwrap();
         let pid = std::process::id();
+        let mut labels = serde_json::json!({
+            LABEL_SESSION: ID,
+            LABEL_PID: pid.to_string(),
+            LABEL_START: liveness::start_time(pid).unwrap().to_string(),
+            LABEL_BOOT: liveness::boot_id().unwrap(),
+        });
+        if dir_label {
+            labels[LABEL_SESSION_DIR] = dir.display().to_string().into();
+        }
         let ps = serde_json::json!([{
             "Names": [format!("agent-sandbox-{ID}-router")],
-            "Labels": {
-                LABEL_SESSION: ID,
-                LABEL_PID: pid.to_string(),
-                LABEL_START: liveness::start_time(pid).unwrap().to_string(),
-                LABEL_BOOT: liveness::boot_id().unwrap(),
-            },
+            "Labels": labels,
         }]);
         fs::write(self.root.join("logs/ps.json"), ps.to_string()).unwrap();
     }
@@ -571,6 +583,68 @@ fn deny_after_a_hand_edit_says_the_session_still_allows_the_name() {
     let o = live.run(&["deny", "x.example"]);
     assert!(
         text(&o).contains("`x.example` is not on the allowlist"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `deny` run where `XDG_RUNTIME_DIR` is not the session's (an ssh login, `su`, cron): the session's
+/// directory is found through its router's label, and the name is taken out of it (reviewer P: the
+/// session was skipped, and deny said "refused" while it still allowed the name).
+#[test]
+fn deny_finds_a_session_started_with_another_runtime_directory() {
+    let live = Live::new("xdg", "api.anthropic.com\nevil.example\n");
+    fs::create_dir_all(live.root.join("tmp")).unwrap();
+    let o = live
+        .command(&live.allowlist(), &["deny", "evil.example"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("TMPDIR", live.root.join("tmp"))
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(!live.session_allows("evil.example"), "{out}");
+    assert_eq!(live.reloads(), 1, "{out}");
+}
+
+/// A running session whose directory cannot be found (no label: an older launcher, and another
+/// runtime directory): `deny` cannot tell what it allows, so it never says "refused", and `allow`
+/// says the change did not reach it; both fail.
+#[test]
+fn a_session_whose_directory_cannot_be_read_is_never_taken_as_refused() {
+    let live = Live::new("xdgold", "api.anthropic.com\nevil.example\n");
+    live.start_session_labelled(
+        &live.allowlist(),
+        "api.anthropic.com\nevil.example\n",
+        false,
+    );
+    fs::create_dir_all(live.root.join("tmp")).unwrap();
+    let elsewhere = |args: &[&str]| {
+        live.command(&live.allowlist(), args)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("TMPDIR", live.root.join("tmp"))
+            .output()
+            .unwrap()
+    };
+    let o = elsewhere(&["deny", "evil.example"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(!out.contains("no running sessions"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "cannot tell whether session {ID} still allows `evil.example`"
+        )),
+        "{out}"
+    );
+    let o = elsewhere(&["allow", "new.example"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains(&format!("session {ID}: NOT applied")), "{out}");
+    let o = elsewhere(&["allow", "--session", ID, "other.example"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("session {ID} cannot be changed live")),
         "{}",
         text(&o)
     );

@@ -843,6 +843,7 @@ mod tests {
                 boot: "b".into(),
                 project: "/p".into(),
                 log_dir: None,
+                session_dir: None,
             },
             pod: "p".into(),
             image: "i".into(),

@@ -193,11 +193,11 @@ fn ask_and_apply(podman: &Podman, all: &[Running], seen: &Seen) -> anyhow::Resul
                 .iter()
                 .find(|s| s.meta.id == seen.session)
                 .context("the session is gone")?;
-            let _lock = super::lock::acquire("allowing")?;
+            let _lock = super::lock::acquire(&settings.state_dir, "allowing")?;
             super::allow_session(podman, s, &[name])
         }
         "a" | "always" => {
-            let _lock = super::lock::acquire("allowing")?;
+            let _lock = super::lock::acquire(&settings.state_dir, "allowing")?;
             super::allow_file(podman, &settings, &[name])
         }
         _ => Ok(()),

@@ -129,20 +129,20 @@ pub fn run(command: LiveCommand) -> anyhow::Result<()> {
             entries,
             ..
         } => {
-            let _lock = lock::acquire("allowing")?;
+            let _lock = lock::acquire(&settings.state_dir, "allowing")?;
             let s = sessions::find(&podman, &id)?;
             allow_session(&podman, &s, &entries)
         }
         LiveCommand::Allow { entries, .. } => {
-            let _lock = lock::acquire("allowing")?;
+            let _lock = lock::acquire(&settings.state_dir, "allowing")?;
             allow_file(&podman, &settings, &entries)
         }
         LiveCommand::Deny { entries } => {
-            let _lock = lock::acquire("denying")?;
+            let _lock = lock::acquire(&settings.state_dir, "denying")?;
             deny(&podman, &settings, &entries)
         }
         LiveCommand::Reload => {
-            let _lock = lock::acquire("reloading")?;
+            let _lock = lock::acquire(&settings.state_dir, "reloading")?;
             reload(&podman, &settings)
         }
         LiveCommand::Sessions { json } => list_sessions(&podman, json),
@@ -211,8 +211,8 @@ fn write_allowlist(path: &Path, text: &str) -> anyhow::Result<()> {
 /// Applies the allowlist text `text` (of file `path`) to every running session started with that file;
 /// prints what happened to each. An error when any session could not take it.
 fn apply_to_all(podman: &Podman, path: &Path, text: &str) -> anyhow::Result<()> {
-    let all = sessions::running(podman)?;
-    if all.is_empty() {
+    let (all, unreadable) = sessions::running_all(podman)?;
+    if all.is_empty() && unreadable.is_empty() {
         println!("no running sessions; new sessions read {}", path.display());
         return Ok(());
     }
@@ -225,16 +225,18 @@ fn apply_to_all(podman: &Podman, path: &Path, text: &str) -> anyhow::Result<()> 
             Ok((s, Ok(sessions::session_allowlist(text, &name, &extra)?)))
         })
         .collect::<anyhow::Result<_>>()?;
-    apply_targets(podman, &all, targets)
+    apply_targets(podman, &all, targets, &unreadable)
 }
 
 /// Applies each target's policy to its session (a target whose policy could not be had is that
 /// session's failure) and prints every running session's outcome; the others are reported as started
-/// with another allowlist. An error when any target could not take it.
+/// with another allowlist; those whose directory cannot be read as not reached. An error when any
+/// target could not take it, or any session could not be read.
 fn apply_targets(
     podman: &Podman,
     all: &[Running],
     targets: Vec<(&Running, anyhow::Result<Allowlist>)>,
+    unreadable: &[sessions::Unreadable],
 ) -> anyhow::Result<()> {
     let mut ready: Vec<(&Running, Allowlist)> = Vec::new();
     let mut unready: Vec<(&Running, anyhow::Error)> = Vec::new();
@@ -266,14 +268,20 @@ fn apply_targets(
             (s, outcome)
         })
         .collect();
-    report_results(&results)
+    report_results(&results, unreadable)
 }
 
-/// Prints each session's outcome; an error naming the sessions that failed.
+/// Prints each session's outcome (and each session that could not be read, as not reached); an error
+/// naming the sessions that failed.
 fn report_results(
     results: &[(&Running, Option<anyhow::Result<sessions::Applied>>)],
+    unreadable: &[sessions::Unreadable],
 ) -> anyhow::Result<()> {
     let mut failed = Vec::new();
+    for u in unreadable {
+        println!("session {}: NOT applied: {}", u.id, u.error);
+        failed.push(u.id.clone());
+    }
     for (s, r) in results {
         let who = format!(
             "session {} ({})",
@@ -355,7 +363,7 @@ pub fn allow_session(podman: &Podman, s: &Running, entries: &[String]) -> anyhow
         println!("added for session {} only: {}", s.meta.id, added.join(" "));
     }
     let r = sessions::apply_all(podman, &[(s, list)]).pop();
-    report_results(&[(s, r)])
+    report_results(&[(s, r)], &[])
 }
 
 /// A running session as `deny` sees it: its own entries without the denied ones, and the allowlist
@@ -425,7 +433,7 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
     let text = read_allowlist(path)?;
     let file = edit::remove(&text, &entries);
     let file_list = Allowlist::parse(&file.text, &name)?;
-    let all = sessions::running(podman)?;
+    let (all, unreadable) = sessions::running_all(podman)?;
     // Everything is read before anything is written: the sessions' own entries go too, or a denied
     // name would stay allowed where it was allowed once (`reload` keeps them).
     let mut denied: Vec<DenySession<'_>> = Vec::new();
@@ -438,7 +446,17 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
         denied.push(DenySession { s, own, other });
     }
 
-    let problems = deny_problems(&entries, &file, &file_list, &name, &denied);
+    let mut problems = deny_problems(&entries, &file, &file_list, &name, &denied);
+    // A running session whose directory cannot be read may allow anything: never "refused" then.
+    for u in &unreadable {
+        for e in &entries {
+            problems.push(edit::DenyProblem::Unchecked {
+                name: e.clone(),
+                id: u.id.clone(),
+                error: u.error.clone(),
+            });
+        }
+    }
     let removed_anywhere = file.lines > 0 || denied.iter().any(|d| d.own.lines > 0);
     if !removed_anywhere {
         for p in &problems {
@@ -466,7 +484,7 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
             if d.own.lines == 1 { "y" } else { "ies" }
         );
     }
-    let applied = if all.is_empty() {
+    let applied = if all.is_empty() && unreadable.is_empty() {
         println!("no running sessions; new sessions read {name}");
         Ok(())
     } else {
@@ -476,7 +494,7 @@ pub fn deny(podman: &Podman, settings: &Settings, entries: &[String]) -> anyhow:
             .filter(|d| d.reapplied(&file))
             .map(|d| (d.s, d.allowlist(&file.text, &name)))
             .collect();
-        apply_targets(podman, &all, targets)
+        apply_targets(podman, &all, targets, &unreadable)
     };
     // The names some policy in force still allows, in order, once each.
     let mut still: Vec<&str> = Vec::new();

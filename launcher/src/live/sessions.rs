@@ -17,7 +17,7 @@ use agent_sandbox_shared::{Allowlist, Policy, SessionPlan};
 use super::files::{self, SessionMeta};
 use crate::liveness;
 use crate::podman::json::Container;
-use crate::podman::{args, logfile, Podman, LABEL_SESSION};
+use crate::podman::{args, logfile, Podman, LABEL_SESSION, LABEL_SESSION_DIR};
 use crate::session::rundir::session_dir;
 
 /// How long the router and the forwarder each have to log the outcome of a reload before `allow`
@@ -37,12 +37,37 @@ pub struct Running {
     pub forwarder: String,
 }
 
-/// The running sessions of this user, oldest first. Sessions without a session.json (started by an
-/// older launcher) are left out with a note on stderr.
+/// A session podman lists as running whose directory this command cannot read: it cannot be changed,
+/// nor its policy told.
+#[derive(Debug)]
+pub struct Unreadable {
+    /// The session id.
+    pub id: String,
+    /// Why.
+    pub error: String,
+}
+
+/// The running sessions of this user, oldest first. Sessions whose directory cannot be read are left
+/// out with a note on stderr: for commands that only look (`sessions`, `blocked`).
 pub fn running(podman: &Podman) -> anyhow::Result<Vec<Running>> {
+    let (out, unreadable) = running_all(podman)?;
+    for u in unreadable {
+        eprintln!(
+            "agent-sandbox: session {} cannot be changed live: {}",
+            u.id, u.error
+        );
+    }
+    Ok(out)
+}
+
+/// The running sessions of this user, oldest first, and those whose directory cannot be read (a
+/// session started by an older launcher, or whose directory was removed): what `allow`, `deny` and
+/// `reload` must count as not reached, never as absent.
+pub fn running_all(podman: &Podman) -> anyhow::Result<(Vec<Running>, Vec<Unreadable>)> {
     let json = podman.run(&args::ps_running_sessions())?;
     let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
     let mut out = Vec::new();
+    let mut unreadable = Vec::new();
     for c in Container::parse_list(&json)? {
         let Some(name) = c.names.first() else {
             continue;
@@ -58,7 +83,12 @@ pub fn running(podman: &Podman) -> anyhow::Result<Vec<Running>> {
         {
             continue;
         }
-        let dir = session_dir(id);
+        let dir = c
+            .labels
+            .get(LABEL_SESSION_DIR)
+            .map(PathBuf::from)
+            .filter(|d| labelled_dir_is_ours(d, id))
+            .unwrap_or_else(|| session_dir(id));
         match files::read_meta(&dir) {
             Ok(meta) => out.push(Running {
                 meta,
@@ -66,19 +96,44 @@ pub fn running(podman: &Podman) -> anyhow::Result<Vec<Running>> {
                 router: name.clone(),
                 forwarder: format!("agent-sandbox-{id}-forwarder"),
             }),
-            Err(e) => eprintln!(
-                "agent-sandbox: session {id} cannot be changed live (started by an older launcher?): {e:#}"
-            ),
+            Err(e) => unreadable.push(Unreadable {
+                id: id.clone(),
+                error: format!(
+                    "its directory cannot be read (started by an older launcher, or with another XDG_RUNTIME_DIR?): {e:#}"
+                ),
+            }),
         }
     }
     out.sort_by(|a, b| (a.meta.started, &a.meta.id).cmp(&(b.meta.started, &b.meta.id)));
-    Ok(out)
+    Ok((out, unreadable))
+}
+
+/// Whether the session directory a router's label names is one this user's launcher made for session
+/// `id`: an absolute path named `agent-sandbox-ID`, a directory of this user's (not a symlink) that no
+/// one else may enter. Otherwise the place this command's own environment gives is used.
+fn labelled_dir_is_ours(dir: &Path, id: &str) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    dir.is_absolute()
+        && dir.file_name() == Some(std::ffi::OsStr::new(&format!("agent-sandbox-{id}")))
+        && std::fs::symlink_metadata(dir).is_ok_and(|m| {
+            // SAFETY: getuid cannot fail and touches no memory.
+            m.is_dir() && m.uid() == unsafe { libc::getuid() } && m.mode() & 0o077 == 0
+        })
 }
 
 /// The running session `id` (a unique prefix of it is enough).
 pub fn find(podman: &Podman, id: &str) -> anyhow::Result<Running> {
-    let all = running(podman)?;
+    let (all, unreadable) = running_all(podman)?;
     let matching: Vec<&Running> = all.iter().filter(|s| s.meta.id.starts_with(id)).collect();
+    let unreadable: Vec<&Unreadable> = unreadable.iter().filter(|u| u.id.starts_with(id)).collect();
+    match (matching.as_slice(), unreadable.as_slice()) {
+        ([], [one]) => bail!("session {} cannot be changed live: {}", one.id, one.error),
+        ([_], []) | ([], []) => {}
+        _ => bail!(
+            "`{}` matches several sessions; give more of the id",
+            id.escape_debug()
+        ),
+    }
     match matching.as_slice() {
         [one] => Ok((*one).clone()),
         [] => bail!(

@@ -602,6 +602,7 @@ mod tests {
             boot: "boot-1".into(),
             project: "/home/me/src/p".into(),
             log_dir: None,
+            session_dir: None,
         }
     }
 

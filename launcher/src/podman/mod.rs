@@ -39,6 +39,9 @@ pub const LABEL_PROJECT: &str = "agent-sandbox.project";
 /// Label holding the session's log directory (`session::rundir::log_dir`), so that the stale sweep
 /// removes the one the session used even when the sweeping launcher's state directory differs.
 pub const LABEL_LOG_DIR: &str = "agent-sandbox.log-dir";
+/// Label holding the session's directory (`session::rundir::session_dir`), so that the live commands
+/// find it even when their `XDG_RUNTIME_DIR` differs from the session's (an ssh login, `su`, cron).
+pub const LABEL_SESSION_DIR: &str = "agent-sandbox.session-dir";
 /// Label on the shared objects a session creates but does not remove (egress network, home volume).
 pub const LABEL_SHARED: &str = "agent-sandbox.shared";
 /// Label on the doctor's throw-away home volumes (beside the launcher's [`SessionLabels`]): how a later

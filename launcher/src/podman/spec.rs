@@ -5,7 +5,10 @@ use std::ffi::{OsStr, OsString};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use super::{LABEL_BOOT, LABEL_LOG_DIR, LABEL_PID, LABEL_PROJECT, LABEL_SESSION, LABEL_START};
+use super::{
+    LABEL_BOOT, LABEL_LOG_DIR, LABEL_PID, LABEL_PROJECT, LABEL_SESSION, LABEL_SESSION_DIR,
+    LABEL_START,
+};
 
 /// The labels every object of one session carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +25,8 @@ pub struct SessionLabels {
     pub project: PathBuf,
     /// The session's log directory, if it has one of its own.
     pub log_dir: Option<PathBuf>,
+    /// The session's directory (none for the doctor's home volume, which belongs to no session).
+    pub session_dir: Option<PathBuf>,
 }
 
 impl SessionLabels {
@@ -42,6 +47,9 @@ impl SessionLabels {
         push(LABEL_PROJECT, self.project.as_os_str());
         if let Some(dir) = &self.log_dir {
             push(LABEL_LOG_DIR, dir.as_os_str());
+        }
+        if let Some(dir) = &self.session_dir {
+            push(LABEL_SESSION_DIR, dir.as_os_str());
         }
         out
     }

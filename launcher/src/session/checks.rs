@@ -31,6 +31,13 @@ pub(super) struct Checked {
 }
 
 impl Checked {
+    /// The allowlist read again (under the live lock, [`crate::live::lock`]): the policy the session
+    /// starts with is the file as it is now, not as it was before the images were pulled.
+    pub(super) fn reread_policy(&mut self, settings: &Settings) -> anyhow::Result<()> {
+        self.policy = Policy::new(&Allowlist::load(&settings.allowlist)?);
+        Ok(())
+    }
+
     /// Right before podman mounts the project: its path still leads, through no symlink, to the
     /// directory that was checked. Podman resolves the path again when it mounts; this narrows what a
     /// process that can rename directories on the way (see [`refuse_inside_a_live_session`]) could do

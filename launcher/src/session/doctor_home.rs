@@ -63,6 +63,7 @@ impl DoctorHome {
             boot,
             project: project.to_owned(),
             log_dir: None,
+            session_dir: None,
         };
         cleanup.volume = Some(self.volume.clone());
         cleanup.placeholder = placeholder_file(state_dir, &self.volume).ok();

@@ -99,14 +99,12 @@ pub fn run(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> Result<i32, SessionError> {
-    // From reading the allowlist until the router listens: a live change waits, and then finds this
-    // session running (crate::live::lock).
-    let lock = crate::live::lock::acquire("starting the session").map_err(SessionError::Check)?;
-    let (checked, probes) = checks::check(podman, settings).map_err(SessionError::Check)?;
+    let (mut checked, probes) = checks::check(podman, settings).map_err(SessionError::Check)?;
     interrupted(signals)?;
     let shared =
         shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
     interrupted(signals)?;
+    let lock = live_lock(settings, &mut checked, signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
     drop(lock);
@@ -156,9 +154,7 @@ pub fn run_probe(
         home_volume: home.volume.clone(),
         ..settings.clone()
     };
-    let lock =
-        crate::live::lock::acquire("starting the doctor's session").map_err(SessionError::Check)?;
-    let (checked, mut probes) =
+    let (mut checked, mut probes) =
         checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
     interrupted(signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
@@ -168,6 +164,7 @@ pub fn run_probe(
     let shared =
         shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
     interrupted(signals)?;
+    let lock = live_lock(settings, &mut checked, signals)?;
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
     drop(lock);
     let target = ProbeTarget {
@@ -194,6 +191,39 @@ pub fn stale_networks(networks_json: &str) -> anyhow::Result<(usize, usize)> {
 }
 
 /// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
+/// The live lock for a start ([`crate::live::lock`]): taken once the images are there and stale
+/// sessions are swept, until the router listens, with the allowlist read again under it, so that a
+/// live change either comes before this session's policy is made or finds the session running. A
+/// signal while waiting interrupts the start. Without a usable state directory the start goes on
+/// without the lock, and says so.
+fn live_lock(
+    settings: &Settings,
+    checked: &mut checks::Checked,
+    signals: &SignalWatch,
+) -> Result<Option<crate::live::lock::LiveLock>, SessionError> {
+    let lock = match crate::live::lock::acquire_unless(
+        &settings.state_dir,
+        "starting the session",
+        &|| signals.received().is_some(),
+    ) {
+        Ok(Some(lock)) => Some(lock),
+        Ok(None) => {
+            interrupted(signals)?;
+            None
+        }
+        Err(e) => {
+            say!(
+                "warning: {e:#}; starting without the live lock: an `agent-sandbox allow`, `deny` or `reload` run during this start may not reach this session"
+            );
+            None
+        }
+    };
+    checked
+        .reread_policy(settings)
+        .map_err(SessionError::Check)?;
+    Ok(lock)
+}
+
 fn interrupted(signals: &SignalWatch) -> Result<(), SessionError> {
     match signals.received() {
         Some(sig) => Err(SessionError::Interrupted(sig)),

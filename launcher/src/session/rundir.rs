@@ -25,12 +25,32 @@ pub(crate) fn session_dir(session: &str) -> PathBuf {
     sessions_root().join(format!("{NAME_PREFIX}{session}"))
 }
 
-/// The live lock's file ([`crate::live::lock`]), in [`sessions_root`] (made if missing, and checked as
-/// private as for a session directory).
-pub(crate) fn live_lock_path() -> anyhow::Result<PathBuf> {
-    let root = sessions_root();
-    ensure_private_dir(&root)?;
-    Ok(root.join("live.lock"))
+/// The live lock's file ([`crate::live::lock`]): `live.lock` in the state directory, which is made if
+/// missing and must be this user's and writable by no one else. Not in the runtime directory, which
+/// depends on `XDG_RUNTIME_DIR`: an ssh login, `su` or cron may lack it, and commands that disagree on
+/// the lock's place would not take turns.
+pub(crate) fn live_lock_path(state_dir: &Path) -> anyhow::Result<PathBuf> {
+    ensure_state_dir(state_dir)?;
+    Ok(state_dir.join("live.lock"))
+}
+
+/// Makes the state directory (0700) if missing; it may be a symlink (to another disk of the user's,
+/// say), but what it leads to must be this user's and writable by no one else (made so if it is the
+/// user's), or whoever else can write there could swap what is in it for a symlink after the check.
+fn ensure_state_dir(state: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state)
+        .with_context(|| format!("cannot create {}", state.display()))?;
+    let meta = fs::metadata(state).with_context(|| format!("cannot stat {}", state.display()))?;
+    own_dir(
+        state,
+        &meta,
+        0o022,
+        "agent-sandbox keeps its state there (set XDG_STATE_HOME, or give it to your user)",
+    )
 }
 
 /// The directory for the session's router and forwarder logs: `logs/agent-sandbox-ID` in the state
@@ -48,23 +68,11 @@ pub(crate) fn log_dir(state_dir: &Path, session: &str) -> PathBuf {
 /// user's, say), but what it leads to must be this user's and writable by no one else (made so if it
 /// is the user's), or whoever else can write there could swap `logs` for a symlink after the check.
 pub(super) fn create_log_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt as _;
     let logs = dir.parent().context("a log directory has a parent")?;
     let state = logs
         .parent()
         .context("a log directory is in a state directory")?;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state)
-        .with_context(|| format!("cannot create {}", state.display()))?;
-    let meta = fs::metadata(state).with_context(|| format!("cannot stat {}", state.display()))?;
-    own_dir(
-        state,
-        &meta,
-        0o022,
-        "agent-sandbox keeps its state there (set XDG_STATE_HOME, or give it to your user)",
-    )?;
+    ensure_state_dir(state)?;
     // Checks `logs` (its parent) as private, then makes the session's own.
     create_session_dir(dir)
 }

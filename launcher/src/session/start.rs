@@ -123,6 +123,7 @@ fn plan(
 ) -> anyhow::Result<Planned> {
     let session = new_session_id()?;
     let logs = log_dir(&settings.state_dir, &session);
+    let dir = session_dir(&session);
     let labels = SessionLabels {
         session: session.clone(),
         pid: std::process::id(),
@@ -131,10 +132,10 @@ fn plan(
         boot: liveness::boot_id().context("cannot read the boot id from /proc")?,
         project: checked.project.clone(),
         log_dir: Some(logs.clone()),
+        session_dir: Some(dir.clone()),
     };
     let base = format!("{NAME_PREFIX}{session}");
 
-    let dir = session_dir(&session);
     // The network first and the directory after it (and removed before it): a launcher killed at any
     // point leaves its network behind, which the next start finds, and with it the directory.
     let network = base.clone();
