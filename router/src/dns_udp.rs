@@ -268,10 +268,11 @@ pub(crate) async fn serve(
     }
 }
 
-/// Room for one `IP_PKTINFO` or `IPV6_PKTINFO` control message, aligned for `cmsghdr`.
+/// Room for an `IP_PKTINFO` and an `IPV6_PKTINFO` control message together (32 + 40 bytes: an IPv4
+/// datagram on a dual-stack socket carries both), aligned for `cmsghdr`.
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
-struct Control([u8; 64]);
+struct Control([u8; 128]);
 
 /// The address a datagram was sent to, from its `IP_PKTINFO` / `IPV6_PKTINFO` (only on a socket bound
 /// to the unspecified address): its reply leaves from there. Without it the kernel picks the source by
@@ -283,8 +284,12 @@ enum Local {
     Unknown,
     /// IPv4: the received `in_pktinfo`, whose `ipi_spec_dst` is the local address to answer from.
     V4(libc::in_pktinfo),
-    /// IPv6 (IPv4 on a dual-stack socket as a mapped address): the received `in6_pktinfo`.
+    /// IPv6: the received `in6_pktinfo`.
     V6(libc::in6_pktinfo),
+    /// IPv4 on a dual-stack socket: the local address to answer from (`ipi_spec_dst` of its
+    /// `IP_PKTINFO`, a unicast address even for a broadcast query), sent as an IPv4-mapped
+    /// `IPV6_PKTINFO`.
+    Mapped(libc::in_addr),
 }
 
 /// The buffers of one worker's batched receive loop, reused for every batch.
@@ -317,9 +322,9 @@ impl Batch {
     fn new(pktinfo: bool) -> Batch {
         Batch {
             pktinfo,
-            controls: [Control([0; 64]); BATCH],
+            controls: [Control([0; 128]); BATCH],
             locals: [Local::Unknown; BATCH],
-            send_controls: [Control([0; 64]); BATCH],
+            send_controls: [Control([0; 128]); BATCH],
             packets: vec![[0u8; MAX_DATAGRAM]; BATCH],
             lengths: [0; BATCH],
             // SAFETY: sockaddr_storage is plain data for which all-zero bytes are a valid value.
@@ -444,7 +449,7 @@ impl Batch {
             msgs[k].msg_hdr.msg_name = std::ptr::addr_of_mut!(self.peers[peer]).cast();
             msgs[k].msg_hdr.msg_namelen = self.peer_lengths[peer];
             let control = &mut self.send_controls[k];
-            // SAFETY: `control` is 64 bytes aligned for cmsghdr, room for either message.
+            // SAFETY: `control` is 128 bytes aligned for cmsghdr, room for either message.
             let used = unsafe {
                 match self.locals[peer] {
                     Local::Unknown => 0,
@@ -460,6 +465,17 @@ impl Batch {
                         {
                             info.ipi6_ifindex = 0;
                         }
+                        put_cmsg(control, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info)
+                    }
+                    Local::Mapped(v4) => {
+                        let mut addr = [0u8; 16];
+                        addr[10] = 0xff;
+                        addr[11] = 0xff;
+                        addr[12..].copy_from_slice(&v4.s_addr.to_ne_bytes());
+                        let info = libc::in6_pktinfo {
+                            ipi6_addr: libc::in6_addr { s6_addr: addr },
+                            ipi6_ifindex: 0,
+                        };
                         put_cmsg(control, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info)
                     }
                 }
@@ -486,43 +502,59 @@ impl Batch {
     }
 }
 
-/// The destination a received message's `IP_PKTINFO` or `IPV6_PKTINFO` names ([`Local`]); `Unknown`
-/// when it has neither, or names a multicast address (no reply may leave from one).
+/// The destination a received message's `IP_PKTINFO` and `IPV6_PKTINFO` name ([`Local`]). `Unknown`
+/// (the kernel picks the source, as without them) when there is neither, when the control data was
+/// truncated, or when the destination is one no reply may leave from: IPv6 multicast, or an
+/// IPv4-mapped address without the `IP_PKTINFO` that says which unicast address to use.
 ///
 /// # Safety
 /// `hdr.msg_control` and `hdr.msg_controllen` must describe control data the kernel wrote.
 unsafe fn local_of(hdr: &libc::msghdr) -> Local {
+    if hdr.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Local::Unknown;
+    }
+    let mut v4 = None;
+    let mut v6 = None;
     // SAFETY: the caller's guarantee; CMSG_FIRSTHDR and CMSG_NXTHDR stay within msg_controllen.
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
         while !cmsg.is_null() {
             let data = libc::CMSG_DATA(cmsg);
+            let len = (*cmsg).cmsg_len as usize;
             match ((*cmsg).cmsg_level, (*cmsg).cmsg_type) {
                 (libc::IPPROTO_IP, libc::IP_PKTINFO)
-                    if (*cmsg).cmsg_len as usize
+                    if len
                         >= libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32)
                             as usize =>
                 {
-                    let info = std::ptr::read_unaligned(data.cast::<libc::in_pktinfo>());
-                    return Local::V4(info);
+                    v4 = Some(std::ptr::read_unaligned(data.cast::<libc::in_pktinfo>()));
                 }
                 (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-                    if (*cmsg).cmsg_len as usize
+                    if len
                         >= libc::CMSG_LEN(std::mem::size_of::<libc::in6_pktinfo>() as u32)
                             as usize =>
                 {
-                    let info = std::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>());
-                    if info.ipi6_addr.s6_addr[0] == 0xff {
-                        return Local::Unknown;
-                    }
-                    return Local::V6(info);
+                    v6 = Some(std::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>()));
                 }
                 _ => {}
             }
             cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
         }
     }
-    Local::Unknown
+    match (v4, v6) {
+        // An IPv4 datagram on a dual-stack socket: both messages.
+        (Some(info), Some(_)) => Local::Mapped(info.ipi_spec_dst),
+        (Some(info), None) => Local::V4(info),
+        (None, Some(info)) => {
+            let a = info.ipi6_addr.s6_addr;
+            if a[0] == 0xff || (a[..10] == [0; 10] && a[10..12] == [0xff, 0xff]) {
+                Local::Unknown
+            } else {
+                Local::V6(info)
+            }
+        }
+        (None, None) => Local::Unknown,
+    }
 }
 
 /// Writes one control message of `level`/`kind` carrying `value` at the start of `control`; returns
@@ -531,10 +563,10 @@ unsafe fn local_of(hdr: &libc::msghdr) -> Local {
 /// # Safety
 /// `T` must be the plain-data struct the kernel expects for `level`/`kind`, and fit in `control`.
 unsafe fn put_cmsg<T>(control: &mut Control, level: i32, kind: i32, value: T) -> usize {
-    control.0 = [0; 64];
+    control.0 = [0; 128];
     let size = std::mem::size_of::<T>() as u32;
     // SAFETY: a msghdr whose control buffer is `control`, so CMSG_FIRSTHDR returns its start, which is
-    // aligned for cmsghdr; CMSG_SPACE(size) fits in 64 bytes for both pktinfo structs.
+    // aligned for cmsghdr; CMSG_SPACE(size) fits in 128 bytes for both pktinfo structs.
     unsafe {
         let mut hdr: libc::msghdr = std::mem::zeroed();
         hdr.msg_control = control.0.as_mut_ptr().cast();
@@ -572,25 +604,28 @@ pub(crate) fn bind_many(
         // A deeper receive queue rides out bursts instead of dropping them.
         let _ = socket.set_recv_buffer_size(4 * 1024 * 1024);
         if addr.ip().is_unspecified() {
-            // Each datagram's destination, so its reply leaves from the address asked (`Local`).
-            let (level, option) = if addr.is_ipv4() {
-                (libc::IPPROTO_IP, libc::IP_PKTINFO)
-            } else {
-                (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)
-            };
-            let on: libc::c_int = 1;
-            // SAFETY: setsockopt with an int option value on a socket this function owns.
-            let r = unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&socket),
-                    level,
-                    option,
-                    std::ptr::from_ref(&on).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error());
+            // Each datagram's destination, so its reply leaves from the address asked (`Local`). A
+            // dual-stack socket asks for both: an IPv4 datagram's IPV6_PKTINFO holds the header's
+            // destination (a broadcast address, say), its IP_PKTINFO the unicast one to answer from.
+            let mut options = vec![(libc::IPPROTO_IP, libc::IP_PKTINFO)];
+            if addr.is_ipv6() {
+                options.push((libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO));
+            }
+            for (level, option) in options {
+                let on: libc::c_int = 1;
+                // SAFETY: setsockopt with an int option value on a socket this function owns.
+                let r = unsafe {
+                    libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&socket),
+                        level,
+                        option,
+                        std::ptr::from_ref(&on).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
         }
         socket.bind(&addr.into())?;

@@ -21,6 +21,7 @@ fn reply_source(gw: &Gateway, asked: &str, name: &str) -> SocketAddr {
     let name = name.to_owned();
     gw.in_r(move || {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_broadcast(true).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         // A query for NAME, type A, with the header's id 0x4242.
         let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
@@ -64,5 +65,15 @@ fn replies_leave_from_the_address_asked() {
                 );
             }
         }
+        // A broadcast query is answered from a unicast address of the interface (reviewer P: on a
+        // dual-stack socket the reply was sent from the broadcast address, which the kernel refuses,
+        // and a warning was logged for each).
+        let from = reply_source(&gw, "127.255.255.255", "a.test");
+        assert_eq!(from.ip().to_string(), "127.0.0.1", "{bind}: {from}");
+        assert!(
+            !gw.log().contains("cannot send DNS reply"),
+            "{bind}: {}",
+            gw.log()
+        );
     }
 }
