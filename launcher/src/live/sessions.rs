@@ -18,7 +18,7 @@ use super::files::{self, SessionMeta};
 use crate::liveness;
 use crate::podman::json::Container;
 use crate::podman::{args, logfile, Podman, LABEL_SESSION, LABEL_SESSION_DIR};
-use crate::session::rundir::session_dir;
+use crate::session::rundir::{labelled_session_dir, session_dir};
 
 /// How long the router and the forwarder each have to log the outcome of a reload before `allow`
 /// reports it as unknown.
@@ -83,11 +83,7 @@ pub fn running_all(podman: &Podman) -> anyhow::Result<(Vec<Running>, Vec<Unreada
         {
             continue;
         }
-        let dir = c
-            .labels
-            .get(LABEL_SESSION_DIR)
-            .map(PathBuf::from)
-            .filter(|d| labelled_dir_is_ours(d, id))
+        let dir = labelled_session_dir(c.labels.get(LABEL_SESSION_DIR), id)
             .unwrap_or_else(|| session_dir(id));
         match files::read_meta(&dir) {
             Ok(meta) => out.push(Running {
@@ -106,19 +102,6 @@ pub fn running_all(podman: &Podman) -> anyhow::Result<(Vec<Running>, Vec<Unreada
     }
     out.sort_by(|a, b| (a.meta.started, &a.meta.id).cmp(&(b.meta.started, &b.meta.id)));
     Ok((out, unreadable))
-}
-
-/// Whether the session directory a router's label names is one this user's launcher made for session
-/// `id`: an absolute path named `agent-sandbox-ID`, a directory of this user's (not a symlink) that no
-/// one else may enter. Otherwise the place this command's own environment gives is used.
-fn labelled_dir_is_ours(dir: &Path, id: &str) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    dir.is_absolute()
-        && dir.file_name() == Some(std::ffi::OsStr::new(&format!("agent-sandbox-{id}")))
-        && std::fs::symlink_metadata(dir).is_ok_and(|m| {
-            // SAFETY: getuid cannot fail and touches no memory.
-            m.is_dir() && m.uid() == unsafe { libc::getuid() } && m.mode() & 0o077 == 0
-        })
 }
 
 /// The running session `id` (a unique prefix of it is enough).

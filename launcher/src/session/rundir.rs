@@ -25,6 +25,21 @@ pub(crate) fn session_dir(session: &str) -> PathBuf {
     sessions_root().join(format!("{NAME_PREFIX}{session}"))
 }
 
+/// The session directory an object's `agent-sandbox.session-dir` label names, if it is one this
+/// user's launcher made for session `id`: an absolute path named `agent-sandbox-ID`, a directory of
+/// this user's (not a symlink) that no one else may enter. `None` otherwise: the caller then uses the
+/// place its own environment gives ([`session_dir`]).
+pub(crate) fn labelled_session_dir(label: Option<&String>, id: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(label?);
+    let ours = dir.is_absolute()
+        && dir.file_name() == Some(std::ffi::OsStr::new(&format!("{NAME_PREFIX}{id}")))
+        && fs::symlink_metadata(&dir).is_ok_and(|m| {
+            // SAFETY: getuid cannot fail and touches no memory.
+            m.is_dir() && m.uid() == unsafe { libc::getuid() } && m.mode() & 0o077 == 0
+        });
+    ours.then_some(dir)
+}
+
 /// The live lock's file ([`crate::live::lock`]): `live.lock` in the state directory, which is made if
 /// missing and must be this user's and writable by no one else. Not in the runtime directory, which
 /// depends on `XDG_RUNTIME_DIR`: an ssh login, `su` or cron may lack it, and commands that disagree on
@@ -220,6 +235,28 @@ mod tests {
         assert_eq!(mode(&dir.join("router.toml")), 0o644);
         // A file is never written through an existing name (a planted symlink).
         assert!(write_file(&dir.join("router.toml"), "y").is_err());
+        // The router's label leads to this directory only if it is exactly the session's, ours and
+        // private: not another session's, a relative path, a symlink or an open directory.
+        let label = |p: &Path| Some(p.display().to_string());
+        let id = "0123456789ab";
+        assert_eq!(
+            labelled_session_dir(label(&dir).as_ref(), id),
+            Some(dir.clone())
+        );
+        assert_eq!(labelled_session_dir(None, id), None);
+        assert_eq!(
+            labelled_session_dir(label(&dir).as_ref(), "0123456789ac"),
+            None
+        );
+        let relative = Some("agent-sandbox-0123456789ab".to_owned());
+        assert_eq!(labelled_session_dir(relative.as_ref(), id), None);
+        let link = tmp.join("link").join("agent-sandbox-0123456789ab");
+        fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert_eq!(labelled_session_dir(label(&link).as_ref(), id), None);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(labelled_session_dir(label(&dir).as_ref(), id), None);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
         // A symlink in place of the root is refused.
         let linked = tmp.join("linked-root");
         std::os::unix::fs::symlink(&runtime, &linked).unwrap();

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use super::rundir::{log_dir, session_dir};
+use super::rundir::{labelled_session_dir, log_dir, session_dir};
 use super::{say, NAME_PREFIX};
 use crate::liveness;
 use crate::podman::json::{Container, Network, Pod};
-use crate::podman::{args, Podman, LABEL_LOG_DIR, LABEL_PROJECT, LABEL_SESSION};
+use crate::podman::{args, Podman, LABEL_LOG_DIR, LABEL_PROJECT, LABEL_SESSION, LABEL_SESSION_DIR};
 
 /// One object of some session, as listed by podman.
 #[derive(Debug)]
@@ -131,6 +131,12 @@ pub(super) fn remove_stale_sessions(podman: &Podman, state_dir: &Path) -> anyhow
         // only ever a session id of ours.
         if session.len() == 12 && session.chars().all(|c| c.is_ascii_hexdigit()) {
             let _ = fs::remove_dir_all(session_dir(&session));
+            // And where the session's launcher put it, when its XDG_RUNTIME_DIR was another.
+            for o in &list {
+                if let Some(dir) = labelled_session_dir(o.labels.get(LABEL_SESSION_DIR), &session) {
+                    let _ = fs::remove_dir_all(dir);
+                }
+            }
             for dir in log_dirs(&session, &list, state_dir) {
                 let _ = fs::remove_dir_all(dir);
             }
