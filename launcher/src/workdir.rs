@@ -164,17 +164,15 @@ fn related(a: &Path, b: &Path) -> bool {
 /// The mount points strictly below `dir` (canonical) in this process's mount table, the topmost of
 /// each (one below another is hidden with it), in order.
 pub fn mounts_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    Ok(mounts_below_in(
-        &fs::read_to_string("/proc/self/mountinfo")?,
-        dir,
-    ))
+    Ok(mounts_below_in(&fs::read("/proc/self/mountinfo")?, dir))
 }
 
-/// [`mounts_below`] over the text of a `mountinfo` file.
-fn mounts_below_in(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+/// [`mounts_below`] over the bytes of a `mountinfo` file (not text: the kernel escapes only space,
+/// tab, newline and backslash, and a mount point anywhere may hold any other byte).
+fn mounts_below_in(mountinfo: &[u8], dir: &Path) -> Vec<PathBuf> {
     let mut below: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
+        .split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
         .map(unescape_mount_point)
         .filter(|point| point != dir && point.starts_with(dir))
         .collect();
@@ -191,8 +189,7 @@ fn mounts_below_in(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
 
 /// A mount point as the kernel writes it in `mountinfo`: space, tab, newline and backslash as octal
 /// escapes (`\040`).
-fn unescape_mount_point(field: &str) -> PathBuf {
-    let bytes = field.as_bytes();
+fn unescape_mount_point(bytes: &[u8]) -> PathBuf {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -632,6 +629,7 @@ mod tests {
 35 30 0:45 / /home/me/src/p/usb rw - tmpfs t rw
 36 30 0:46 / /home/me/src/p/back\\134slash rw - tmpfs t rw
 ";
+        let info = info.as_bytes();
         assert_eq!(
             mounts_below_in(info, Path::new("/home/me/src/p")),
             vec![
@@ -641,8 +639,18 @@ mod tests {
             ]
         );
         assert!(mounts_below_in(info, Path::new("/home/me/src/pp")).is_empty());
-        assert_eq!(unescape_mount_point("/x\\0"), p("/x\\0"));
-        assert_eq!(unescape_mount_point("/x\\777"), p("/x\\777"));
+        assert_eq!(unescape_mount_point(b"/x\\0"), p("/x\\0"));
+        assert_eq!(unescape_mount_point(b"/x\\777"), p("/x\\777"));
+        // A mount point that is not UTF-8, anywhere in the table, is read like any other.
+        let latin1 = b"40 22 0:50 / /home/me/src/p/caf\xe9 rw - vfat /dev/sdc1 rw\n";
+        assert_eq!(
+            mounts_below_in(latin1, Path::new("/home/me/src/p")),
+            vec![PathBuf::from(
+                <OsString as std::os::unix::ffi::OsStringExt>::from_vec(
+                    b"/home/me/src/p/caf\xe9".to_vec()
+                )
+            )]
+        );
         // This process's own table reads.
         assert!(mounts_below(Path::new("/")).is_ok());
     }

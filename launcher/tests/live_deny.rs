@@ -649,3 +649,32 @@ fn a_session_whose_directory_cannot_be_read_is_never_taken_as_refused() {
         text(&o)
     );
 }
+
+/// A session whose launcher was killed while its router runs on (until the next start's sweep): its
+/// router still serves its policy, so `deny` never says the name is refused, and `allow` says the
+/// change did not reach it (reviewer Q: such a router was left out, and deny exited 0 with "refused").
+#[test]
+fn a_session_whose_launcher_is_gone_is_not_taken_as_refused() {
+    let live = Live::new("orphan", "api.anthropic.com\nx.example.com\n");
+    let ps = live.root.join("logs/ps.json");
+    let mut listing: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&ps).unwrap()).unwrap();
+    listing[0]["Labels"][LABEL_START] = "1".into();
+    fs::write(&ps, listing.to_string()).unwrap();
+    let o = live.run(&["deny", "x.example.com"]);
+    let out = text(&o);
+    assert!(live.session_allows("x.example.com"));
+    assert!(!o.status.success(), "{out}");
+    assert!(!out.contains("connections are refused"), "{out}");
+    assert!(
+        out.contains("its launcher is gone but its router still runs"),
+        "{out}"
+    );
+    let o = live.run(&["allow", "new.example"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("session {ID}: NOT applied")),
+        "{}",
+        text(&o)
+    );
+}

@@ -79,8 +79,18 @@ pub fn running_all(podman: &Podman) -> anyhow::Result<(Vec<Running>, Vec<Unreada
         if name != &format!("agent-sandbox-{id}-router")
             || id.len() != 12
             || !id.chars().all(|ch| ch.is_ascii_hexdigit())
-            || !liveness::is_live(&c.labels, &boot)
         {
+            continue;
+        }
+        // A router still running after its launcher was killed serves its policy until the next
+        // start's sweep removes it: never count it as gone (reviewer Q: deny said "refused").
+        if !liveness::is_live(&c.labels, &boot) {
+            unreadable.push(Unreadable {
+                id: id.clone(),
+                error: format!(
+                    "its launcher is gone but its router still runs; `podman pod rm --force agent-sandbox-{id}` removes it (so does the next session's start)"
+                ),
+            });
             continue;
         }
         let dir = labelled_session_dir(c.labels.get(LABEL_SESSION_DIR), id)

@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::io::{IsTerminal as _, Write as _};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Output};
 
 use anyhow::Context as _;
@@ -28,9 +28,11 @@ pub(super) fn run_command(
     signals: &SignalWatch,
 ) -> anyhow::Result<ExitStatus> {
     checked.still_the_checked_project()?;
+    let covered = covered(podman, &checked, session)?;
     let spec = sandbox_spec(
         settings,
         checked,
+        covered,
         shared,
         session,
         command,
@@ -64,12 +66,12 @@ pub(super) fn run_command(
 fn sandbox_spec(
     settings: &Settings,
     checked: Checked,
+    covered: Vec<Covered>,
     shared: &Shared,
     session: &Session,
     command: Vec<OsString>,
     tty: bool,
 ) -> SandboxSpec {
-    let covered = covered(&checked);
     SandboxSpec {
         name: format!("{}-sandbox", session.base),
         labels: session.labels.clone(),
@@ -102,20 +104,65 @@ fn sandbox_spec(
 /// Rootless, what is mounted below the project, to be covered in the sandbox (see
 /// [`args::sandbox_run`]): read now, right before podman mounts the project. Rootful podman binds the
 /// project alone, which works whatever is below it. Unreadable: none, and the project is bound alone,
-/// which never shows what is below it either.
-fn covered(checked: &Checked) -> Vec<Covered> {
+/// which never shows what is below it either. A mount point that is not there by its path (shadowed by
+/// a later mount) is left out: podman would make its path in the project.
+///
+/// The covers go by path, so a directory on the way to a mount point must not be renamed between this
+/// read and podman's mounts, or the mount would move out from under its cover and show in the new
+/// sandbox. The user does not do that; a running sandbox could, if its project is this one, holds it
+/// or lies inside it (reviewer Q). So with mounts to cover, such a session refuses the start.
+fn covered(podman: &Podman, checked: &Checked, session: &Session) -> anyhow::Result<Vec<Covered>> {
     if checked.user.mapping != UserMapping::KeepId {
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    crate::workdir::mounts_below(&checked.project)
+    let found: Vec<PathBuf> = crate::workdir::mounts_below(&checked.project)
         .unwrap_or_default()
+        .into_iter()
+        .filter(|path| std::fs::symlink_metadata(path).is_ok())
+        .collect();
+    let Some(first) = found.first() else {
+        return Ok(Vec::new());
+    };
+    let listing = podman
+        .run(&args::network_ls_sessions())
+        .context("cannot list the running sessions (to check that none can move what is mounted below this project)")?;
+    let live = super::stale::live_sessions(&listing)
+        .context("cannot read the list of running sessions")?;
+    if let Some((id, other)) = mover(&checked.project, &session.labels.session, &live) {
+        anyhow::bail!(
+            "refusing to start the sandbox: {} is mounted below this project, and session {id}'s \
+             sandbox, running in {}, could rename a directory on the way to it while this one \
+             starts, so that this sandbox would see it uncovered. Stop that session first, or \
+             unmount {}",
+            first.display(),
+            other.display(),
+            first.display()
+        );
+    }
+    Ok(found
         .into_iter()
         .map(|path| Covered {
             // A mount point the user cannot stat (another user's FUSE mount) is taken as a directory.
             file: std::fs::metadata(&path).is_ok_and(|m| !m.is_dir()),
             path,
         })
-        .collect()
+        .collect())
+}
+
+/// A running session other than `own` whose project is `project`, holds it or lies inside it: its
+/// sandbox can rename directories below `project`. Compared as text with invalid UTF-8 replaced, as
+/// podman's JSON gives labels back (see `checks::refuse_inside`).
+fn mover<'a>(
+    project: &Path,
+    own: &str,
+    live: &'a [(String, PathBuf)],
+) -> Option<&'a (String, PathBuf)> {
+    let lossy = |p: &Path| PathBuf::from(p.to_string_lossy().into_owned());
+    let project = lossy(project);
+    live.iter().find(|(id, other)| {
+        let other = lossy(other);
+        id != own && (project.starts_with(&other) || other.starts_with(&project))
+    })
 }
 
 /// The variables passed through by name: [`PASS_ENV`], but never the real API key unless injection
@@ -139,7 +186,8 @@ pub(super) fn run_captured(
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
     checked.still_the_checked_project()?;
-    let spec = sandbox_spec(settings, checked, shared, session, command, false);
+    let covered = covered(podman, &checked, session)?;
+    let spec = sandbox_spec(settings, checked, covered, shared, session, command, false);
     podman
         .output(&args::sandbox_run(&spec))
         .context("running the probe in the sandbox")
@@ -170,6 +218,32 @@ pub(super) fn exit_code(status: ExitStatus) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With mounts to cover, a running sandbox that can rename directories in the project refuses the
+    /// start: one in the same project, one holding it, one inside it; not this session, and not one
+    /// beside it (reviewer Q).
+    #[test]
+    fn sessions_that_could_move_a_mount_are_found() {
+        let live: Vec<(String, PathBuf)> = [
+            ("own", "/home/me/src/p"),
+            ("beside", "/home/me/src/pp"),
+            ("other", "/home/me/other"),
+        ]
+        .iter()
+        .map(|(i, p)| ((*i).to_owned(), PathBuf::from(p)))
+        .collect();
+        let p = Path::new("/home/me/src/p");
+        assert_eq!(mover(p, "own", &live), None);
+        for (id, project) in [
+            ("same", "/home/me/src/p"),
+            ("holds", "/home/me/src"),
+            ("inside", "/home/me/src/p/sub"),
+        ] {
+            let mut with = live.clone();
+            with.push((id.to_owned(), project.into()));
+            assert_eq!(mover(p, "own", &with).map(|m| m.0.as_str()), Some(id));
+        }
+    }
 
     #[test]
     fn the_real_key_is_passed_through_only_without_injection() {

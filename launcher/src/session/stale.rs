@@ -62,11 +62,25 @@ pub(super) fn count(networks_json: &str) -> anyhow::Result<(usize, usize)> {
 /// Unlike the sweep, a listing that cannot be read is an error: the caller refuses to start on it.
 /// Sessions whose launcher is gone are left out: the sweep removes them before a new sandbox starts.
 pub(super) fn live_projects(networks_json: &str) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    Ok(live_sessions(networks_json)?
+        .into_iter()
+        .map(|(_, project)| project)
+        .collect())
+}
+
+/// [`live_projects`] with each session's id.
+pub(super) fn live_sessions(
+    networks_json: &str,
+) -> anyhow::Result<Vec<(String, std::path::PathBuf)>> {
     let boot = liveness::boot_id().context("cannot read the boot id from /proc")?;
     Ok(Network::parse_list(networks_json)?
         .into_iter()
-        .filter(|n| n.labels.contains_key(LABEL_SESSION) && liveness::is_live(&n.labels, &boot))
-        .filter_map(|n| n.labels.get(LABEL_PROJECT).map(std::path::PathBuf::from))
+        .filter(|n| liveness::is_live(&n.labels, &boot))
+        .filter_map(|n| {
+            let id = n.labels.get(LABEL_SESSION)?.clone();
+            let project = n.labels.get(LABEL_PROJECT).map(std::path::PathBuf::from)?;
+            Some((id, project))
+        })
         .collect())
 }
 
