@@ -10,10 +10,8 @@
 //! at once). Each connection
 //! carries one request and is closed after its response (`Connection: close`), so nothing is kept alive.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -23,6 +21,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::fairness::ClientSlots;
 use crate::metrics::{process, Metrics};
 
 /// Largest request head read; a longer one gets 431.
@@ -46,7 +45,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Admin connections one source address may hold at once. The kubelet's probes come from the node and
 /// a scraper from its own pod, so a client that holds connections open (each may take
 /// [`READ_TIMEOUT`] to send nothing) cannot use up [`MAX_CONNECTIONS`] and fail the probes.
-pub const MAX_PER_SOURCE: usize = 8;
+pub const MAX_PER_SOURCE: u32 = 8;
 
 /// The content type of the text exposition format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -113,7 +112,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         info!(%addr, "admin endpoint listening on {addr}");
     }
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let sources = Arc::new(Sources::default());
+    let sources = ClientSlots::new(MAX_PER_SOURCE);
     let mut tasks = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -124,7 +123,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         };
         match accepted {
             Ok((stream, peer)) => {
-                let Some(slot) = Sources::take(&sources, peer.ip()) else {
+                let Some(slot) = sources.try_take(peer.ip()) else {
                     // Closing at once costs nothing, and a prober retries.
                     debug!(%peer, "admin connection refused: {MAX_PER_SOURCE} already open from its address");
                     continue;
@@ -150,49 +149,6 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: Canc
         }
     }
     tasks.shutdown().await;
-}
-
-/// The admin connections open per source address ([`MAX_PER_SOURCE`]).
-#[derive(Debug, Default)]
-struct Sources(Mutex<HashMap<IpAddr, usize>>);
-
-impl Sources {
-    /// A slot for one more connection from `ip`, or `None` when it holds [`MAX_PER_SOURCE`].
-    fn take(sources: &Arc<Sources>, ip: IpAddr) -> Option<SourceSlot> {
-        let mut open = sources.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = open.entry(ip).or_insert(0);
-        if *n >= MAX_PER_SOURCE {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            sources: Arc::clone(sources),
-            ip,
-        })
-    }
-}
-
-/// One connection's place in [`Sources`], given back when dropped.
-#[derive(Debug)]
-struct SourceSlot {
-    sources: Arc<Sources>,
-    ip: IpAddr,
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut open = self
-            .sources
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
 }
 
 /// One connection: read a request head, answer it, close.

@@ -256,7 +256,7 @@ async fn served(source: [u8; 4], server: std::net::SocketAddr) {
 #[tokio::test]
 async fn connection_cap() {
     let server = Server::start().await;
-    let per = admin::MAX_PER_SOURCE;
+    let per = admin::MAX_PER_SOURCE as usize;
     let mut idle = Vec::new();
     for i in 0..admin::MAX_CONNECTIONS / per {
         idle.extend(hold([127, 0, 1, u8::try_from(i + 1).unwrap()], server.addr, per).await);
@@ -273,7 +273,7 @@ async fn connection_cap() {
 #[tokio::test]
 async fn one_address_cannot_take_every_connection() {
     let server = Server::start().await;
-    let mut idle = hold([127, 0, 3, 1], server.addr, admin::MAX_PER_SOURCE).await;
+    let mut idle = hold([127, 0, 3, 1], server.addr, admin::MAX_PER_SOURCE as usize).await;
     closed_at_once(connect_from([127, 0, 3, 1], server.addr).await).await;
     served([127, 0, 3, 2], server.addr).await;
     drop(idle.pop());
