@@ -42,14 +42,13 @@ pub fn acquire(state_dir: &Path, doing: &str) -> anyhow::Result<LiveLock> {
     acquire_at(path, doing, PATIENCE, &|| false)?.context("the wait for the live lock was stopped")
 }
 
-/// [`acquire`] for a session start, which handles its own signals: `None` as soon as `stop` says so
-/// (a Ctrl-C while waiting).
+/// [`acquire`] of the lock at `path` (`session::rundir::live_lock_path`) for a session start, which
+/// handles its own signals: `None` as soon as `stop` says so (a Ctrl-C while waiting).
 pub fn acquire_unless(
-    state_dir: &Path,
+    path: PathBuf,
     doing: &str,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<Option<LiveLock>> {
-    let path = crate::session::rundir::live_lock_path(state_dir)?;
     acquire_at(path, doing, PATIENCE, stop)
 }
 

@@ -190,26 +190,26 @@ pub fn stale_networks(networks_json: &str) -> anyhow::Result<(usize, usize)> {
     stale::count(networks_json)
 }
 
-/// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
 /// The live lock for a start ([`crate::live::lock`]): taken once the images are there and stale
 /// sessions are swept, until the router listens, with the allowlist read again under it, so that a
 /// live change either comes before this session's policy is made or finds the session running. A
-/// signal while waiting interrupts the start. Without a usable state directory the start goes on
-/// without the lock, and says so.
+/// signal while waiting interrupts the start, and a lock held past its patience fails it. Without a
+/// usable state directory the start goes on without the lock, and says so.
 fn live_lock(
     settings: &Settings,
     checked: &mut checks::Checked,
     signals: &SignalWatch,
 ) -> Result<Option<crate::live::lock::LiveLock>, SessionError> {
-    let lock = match crate::live::lock::acquire_unless(
-        &settings.state_dir,
-        "starting the session",
-        &|| signals.received().is_some(),
-    ) {
-        Ok(Some(lock)) => Some(lock),
-        Ok(None) => {
-            interrupted(signals)?;
-            None
+    let lock = match rundir::live_lock_path(&settings.state_dir) {
+        Ok(path) => {
+            let taken = crate::live::lock::acquire_unless(path, "starting the session", &|| {
+                signals.received().is_some()
+            })
+            .map_err(SessionError::Start)?;
+            if taken.is_none() {
+                interrupted(signals)?;
+            }
+            taken
         }
         Err(e) => {
             say!(
@@ -224,6 +224,7 @@ fn live_lock(
     Ok(lock)
 }
 
+/// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
 fn interrupted(signals: &SignalWatch) -> Result<(), SessionError> {
     match signals.received() {
         Some(sig) => Err(SessionError::Interrupted(sig)),
