@@ -260,24 +260,26 @@ fn dns_unanswered(t: &Target, name: &str) -> Line {
             tried,
             format!("answered: rcode {}, {}", a.rcode, list(&a.addresses)),
         ),
-        // A datagram that is not an answer still came from there: only no reply at all passes.
-        Err(e) => {
-            let got = match e.io() {
-                Some(_) => dns_error(&e),
-                None => format!("something came back: {e}"),
+        // Only a query the sandbox refused to send passes. Once sent, any outcome shows that it left:
+        // an answer, a datagram that is not one, an ICMP error, or silence.
+        Err(dns::DnsError::Unsent(e)) => Line::new(check, blocked(&e), tried, describe(&e)),
+        Err(dns::DnsError::Unanswered(e)) => {
+            let got = match e.kind() {
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => describe(&e),
+                _ => format!("{e}, reported from the network: the query left the sandbox"),
             };
-            Line::new(check, e.io().is_some_and(blocked), tried, got)
+            Line::new(check, false, tried, got)
         }
+        Err(e) => Line::new(check, false, tried, format!("something came back: {e}")),
     }
 }
 
-/// Whether an error means the packet went nowhere: no route, not permitted, or no answer at all.
+/// Whether an error means the packet went nowhere: no route or not permitted. With no route off the
+/// sandbox's network a blocked address fails at once with one of these; a timeout is not one (the
+/// packet was sent somewhere and nothing answered).
 #[must_use]
 pub fn blocked(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-    ) || e.raw_os_error().is_some_and(|n| {
+    e.raw_os_error().is_some_and(|n| {
         [
             libc::ENETUNREACH,
             libc::EHOSTUNREACH,
@@ -295,7 +297,7 @@ fn describe(e: &io::Error) -> String {
         e.kind(),
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
     ) {
-        return "timed out".to_owned();
+        return "timed out: it was sent somewhere (an address the sandbox has no route to fails at once) and nothing answered".to_owned();
     }
     e.to_string()
 }
@@ -329,11 +331,36 @@ mod tests {
     }
 
     #[test]
+    fn a_query_that_was_sent_fails_whatever_came_back() {
+        // Loopback stands in for an address outside, where a blocked query fails at once (no route):
+        // one that was sent fails whether an ICMP error comes back (a closed port) or nothing does.
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let target = |port| Target {
+            kind: "x".into(),
+            ip: IpAddr::from([127, 0, 0, 1]),
+            port,
+        };
+        let refused = dns_unanswered(&target(closed_port), "a.test");
+        assert!(!refused.ok, "{refused:?}");
+        assert!(
+            refused.got.contains("reported from the network"),
+            "{refused:?}"
+        );
+        let unanswered = dns_unanswered(&target(silent.local_addr().unwrap().port()), "a.test");
+        assert!(!unanswered.ok, "{unanswered:?}");
+        assert!(unanswered.got.starts_with("timed out"), "{unanswered:?}");
+    }
+
+    #[test]
     fn what_counts_as_blocked() {
         for n in [libc::ENETUNREACH, libc::EHOSTUNREACH, libc::EPERM] {
             assert!(blocked(&io::Error::from_raw_os_error(n)));
         }
-        assert!(blocked(&io::Error::from(io::ErrorKind::TimedOut)));
+        assert!(!blocked(&io::Error::from(io::ErrorKind::TimedOut)));
+        assert!(!blocked(&io::Error::from(io::ErrorKind::WouldBlock)));
         for n in [libc::ECONNREFUSED, libc::ECONNRESET] {
             assert!(!blocked(&io::Error::from_raw_os_error(n)));
         }

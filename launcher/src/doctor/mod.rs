@@ -62,6 +62,15 @@ pub fn run(podman: &Podman, settings: &Settings, options: &DoctorOptions) -> any
     }
     if options.no_session {
         progress("--no-session: containment self-test skipped");
+        // Said in the report too: a script reading `passed` must see that containment was not tested.
+        print("Containment\n");
+        let check = report::Check::skip(
+            Section::Containment,
+            "session",
+            "not run (--no-session): the boundary was not tested on this machine",
+        );
+        print(&Report::line(&check));
+        report.checks.push(check);
     } else {
         print("Containment (a real session, probed from inside the sandbox)\n");
         let prereqs_ok = report.passed();

@@ -471,6 +471,13 @@ fn image_check(
             name,
             format!("{image} (built for {ours}, {} MB)", img.size >> 20),
         ),
+        // The router is the boundary: one of another release may lack this launcher's fixes, and the
+        // containment checks would then describe it. The sandbox image only holds the agent.
+        Some(v) if which == 0 => fail(
+            name,
+            format!("{image} was built for agent-sandbox {v}, this launcher is {ours}"),
+            rebuild,
+        ),
         Some(v) => warn(
             name,
             format!("{image} was built for agent-sandbox {v}, this launcher is {ours}"),
@@ -787,6 +794,10 @@ mod tests {
         assert_eq!((c.status, size), (Status::Pass, Some(1 << 20)));
         let (c, _) = image_check(1, "localhost/s:dev", &Ok(json("0.0.1")));
         assert_eq!(c.status, Status::Warn);
+        // The router of another release fails: it is the boundary the containment checks describe.
+        let (c, _) = image_check(0, "localhost/r:dev", &Ok(json("0.0.1")));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.fix.unwrap().contains("make build"));
         let (c, _) = image_check(1, "localhost/s:dev", &Ok(r#"[{"Labels":null}]"#.into()));
         assert_eq!(c.status, Status::Warn);
     }

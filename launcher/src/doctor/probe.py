@@ -107,7 +107,8 @@ def describe(e):
     if isinstance(e, ssl.SSLError):
         return f"{type(e).__name__}: {e.reason or e}"
     if isinstance(e, socket.timeout):
-        return "timed out"
+        return ("timed out: it was sent somewhere (an address the sandbox has no route to fails at "
+                "once) and nothing answered")
     if isinstance(e, OSError) and e.errno:
         return errno.errorcode.get(e.errno, str(e.errno)) + " (" + os.strerror(e.errno) + ")"
     return str(e)
@@ -118,7 +119,40 @@ BLOCKED = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES, errno.EPERM, err
 
 
 def blocked(e):
-    return isinstance(e, socket.timeout) or (isinstance(e, OSError) and e.errno in BLOCKED)
+    """Whether a failure is the sandbox's own refusal to send: with no route off its network, a blocked
+    address fails at once with one of BLOCKED. A timeout is not one: the packet went somewhere."""
+    return isinstance(e, OSError) and not isinstance(e, socket.timeout) and e.errno in BLOCKED
+
+
+# IP_RECVERR and IPV6_RECVERR (Linux; Python 3.11 names neither): the kernel reports ICMP errors that
+# come back for what a socket sent, and queues where they came from (MSG_ERRQUEUE).
+RECVERR = {socket.AF_INET: (socket.IPPROTO_IP, 11), socket.AF_INET6: (socket.IPPROTO_IPV6, 25)}
+# sock_extended_err.ee_origin of an error that an ICMP (or ICMPv6) message brought back.
+ORIGIN_ICMP = (2, 3)
+
+
+def report_icmp(s, family):
+    level, option = RECVERR[family]
+    s.setsockopt(level, option, 1)
+
+
+def icmp_from(s):
+    """The sender of an ICMP error that came back for what s sent, or None: an error the sandbox's own
+    kernel made (no route) never leaves it, one from the network shows that the packet did."""
+    try:
+        _, ancillary, _, _ = s.recvmsg(1, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+    except OSError:
+        return None
+    for _level, _kind, data in ancillary:
+        # struct sock_extended_err (16 bytes: ee_origin at 4), then the offender's sockaddr.
+        if len(data) >= 16 and data[4] in ORIGIN_ICMP:
+            offender = data[16:]
+            if len(offender) >= 8 and int.from_bytes(offender[:2], sys.byteorder) == socket.AF_INET:
+                return socket.inet_ntoa(offender[4:8])
+            if len(offender) >= 24 and int.from_bytes(offender[:2], sys.byteorder) == socket.AF_INET6:
+                return socket.inet_ntop(socket.AF_INET6, offender[8:24])
+            return "an unknown address"
+    return None
 
 
 def check_dns(router):
@@ -145,8 +179,10 @@ def connect(kind, ip, port):
     name = f"tcp-{kind}-{ip}"
     try:
         s = socket.socket(family, socket.SOCK_STREAM)
+        report_icmp(s, family)
     except OSError as e:
-        emit(name, True, tried, "no socket: " + describe(e))
+        # Only a sandbox without the address family passes: any other failure tried nothing.
+        emit(name, e.errno == errno.EAFNOSUPPORT, tried, "no socket: " + describe(e))
         return
     s.settimeout(TIMEOUT)
     try:
@@ -155,7 +191,11 @@ def connect(kind, ip, port):
     except ConnectionRefusedError:
         emit(name, False, tried, "refused by the target: the packet got there")
     except OSError as e:
-        emit(name, blocked(e), tried, describe(e))
+        sender = icmp_from(s)
+        if sender is not None:
+            emit(name, False, tried, f"{describe(e)}, reported by {sender}: the packet left the sandbox")
+        else:
+            emit(name, blocked(e), tried, describe(e))
     finally:
         s.close()
 
@@ -175,14 +215,36 @@ def udp(kind, ip, port):
 
 
 def other_dns(kind, ip, port):
+    """Only a query the sandbox refuses to send passes. Once sent, any outcome shows that it left: an
+    answer (from whatever address: a host answers from the one its route picks, so the socket is not
+    connected), an ICMP error (reported through IP_RECVERR), or silence."""
     name = f"dns-{kind}-{ip}"
     tried = f"A {SPEC['name']} from {kind} {ip} port {port} (not the router)"
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    qid = int.from_bytes(os.urandom(2), "big")
     try:
-        rcode, addrs = dns_udp(ip, SPEC["name"], family, port)
-        emit(name, False, tried, f"answered: rcode {rcode}, {addrs}")
-    except Exception as e:  # noqa: BLE001
-        emit(name, blocked(e) or isinstance(e, socket.timeout), tried, describe(e))
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        report_icmp(s, family)
+    except OSError as e:
+        emit(name, e.errno == errno.EAFNOSUPPORT, tried, "no socket: " + describe(e))
+        return
+    with s:
+        s.settimeout(TIMEOUT)
+        try:
+            s.sendto(query(SPEC["name"], qid), (ip, port))
+        except OSError as e:
+            emit(name, blocked(e), tried, describe(e))
+            return
+        try:
+            rcode, addrs = parse(s.recv(1500), qid)
+            emit(name, False, tried, f"answered: rcode {rcode}, {addrs}")
+        except socket.timeout as e:
+            emit(name, False, tried, describe(e))
+        except OSError as e:
+            sender = icmp_from(s) or "the network"
+            emit(name, False, tried, f"{describe(e)}, reported by {sender}: the query left the sandbox")
+        except ValueError as e:
+            emit(name, False, tried, f"something came back: {e}")
 
 
 def hello(sni):
@@ -270,14 +332,39 @@ def check_process():
     mounts = mountinfo()
     found += [m for m in mounts if m.endswith(".sock")]
     emit("no-podman-socket", not found, "podman and docker API sockets", ", ".join(found) or "none")
-    allowed = {"/", SPEC["project"], SPEC["home"], "/etc/hosts", "/etc/resolv.conf", "/etc/hostname",
-               "/run/.containerenv", "/etc/passwd", "/etc/group", "/run/secrets", "/run/podman-init",
-               # Credential injection: the session CA and the bundle with it (no secret in either).
-               "/etc/agent-sandbox/session-ca.pem", "/etc/ssl/certs/ca-certificates.crt"}
-    extra = sorted(m for m in mounts if m not in allowed
-                   and not m.startswith(("/proc", "/dev", "/sys")))
+    secrets = None
+    if "/run/secrets" in mounts:
+        try:
+            secrets = sorted(os.listdir("/run/secrets"))
+        except OSError as e:
+            secrets = ["(unreadable: " + describe(e) + ")"]
+    extra = unexpected_mounts(mounts, secrets)
     emit("host-mounts", not extra, "mounts beside the image, the project and the home volume",
          "none" if not extra else ", ".join(extra))
+
+
+# Kernel file systems, each with what is below it.
+SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
+
+
+def unexpected_mounts(mounts, secrets):
+    """The mount points that podman's own set-up, the project, the home volume and the session's CA do
+    not explain. /run/secrets passes only empty (`secrets`: its listing): a mounts.conf entry (RHEL's
+    /usr/share/rhel/secrets, or one of the user's) fills it from the host."""
+    allowed = {"/", SPEC["project"], SPEC["home"], "/etc/hosts", "/etc/resolv.conf", "/etc/hostname",
+               "/run/.containerenv", "/etc/passwd", "/etc/group", "/run/podman-init",
+               # Credential injection: the session CA and the bundle with it (no secret in either).
+               "/etc/agent-sandbox/session-ca.pem", "/etc/ssl/certs/ca-certificates.crt"}
+    extra = []
+    for m in sorted(set(mounts)):
+        if m in allowed or any(m == p or m.startswith(p + "/") for p in SYSTEM_MOUNTS):
+            continue
+        if m == "/run/secrets":
+            if secrets:
+                extra.append("/run/secrets (holding " + ", ".join(secrets[:5]) + ")")
+            continue
+        extra.append(m)
+    return extra
 
 
 def check_setuid():
@@ -358,15 +445,58 @@ def check_nested():
         emit(item["name"], item.get("ok") is True, str(item.get("tried", "")), str(item.get("got", "")))
 
 
+# The common name's start of a session CA's (launcher/src/inject/ca.rs): a name whose certificate it
+# issued is terminated by the router, which adds a credential and dials the upstream on the first request.
+SESSION_CA = "agent-sandbox session "
+# How long a terminated name's answer may take: the router's connect timeout (10 s) and its TLS with the
+# upstream come first.
+TERMINATED_TIMEOUT = 25.0
+# The most of that answer read.
+MAX_ANSWER = 8192
+
+
 def check_reach(name):
     tried = f"HTTPS handshake with {name}:443 through the router"
     try:
         ctx = ssl.create_default_context()
         with socket.create_connection((name, 443), timeout=5) as raw:
             with ctx.wrap_socket(raw, server_hostname=name) as s:
-                emit(f"reach-{name}", True, tried, f"{s.version()} with {name}")
+                issuer = dict(pair[0] for pair in s.getpeercert().get("issuer", ()) if pair)
+                if not issuer.get("commonName", "").startswith(SESSION_CA):
+                    emit(f"reach-{name}", True, tried, f"{s.version()} with {name}")
+                    return
+                # The handshake was with the router itself: only a request shows the upstream answers.
+                tried = f"HTTPS HEAD / to {name} through the router (which terminates it to add a credential)"
+                s.settimeout(TERMINATED_TIMEOUT)
+                s.sendall(f"HEAD / HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n".encode())
+                answer = b""
+                try:
+                    while len(answer) < MAX_ANSWER:
+                        chunk = s.recv(MAX_ANSWER - len(answer))
+                        if not chunk:
+                            break
+                        answer += chunk
+                except (OSError, ssl.SSLError) as e:
+                    if not answer:
+                        raise
+                ok, got = judge_terminated(answer)
+                emit(f"reach-{name}", ok, tried, got)
     except Exception as e:  # noqa: BLE001
         emit(f"reach-{name}", False, tried, describe(e))
+
+
+def judge_terminated(answer):
+    """(ok, what came back) for the answer to HEAD / through the router's terminator: the upstream's
+    answer passes, whatever its status; the router's own (a 403 or 502 whose body begins with
+    "agent-sandbox:", since a HEAD's answer from the upstream has none) or none at all fails."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].decode("latin-1")
+    if not status.startswith("HTTP/"):
+        return False, "no HTTP answer" + (f": {status[:80]!r}" if status else "")
+    if body.startswith(b"agent-sandbox:"):
+        reason = body.split(b"\n", 1)[0].decode("utf-8", "replace")
+        return False, f"the router answered {status}: {reason}"
+    return True, f"the upstream answered {status}"
 
 
 def main():

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use serde::Deserialize;
@@ -254,6 +254,34 @@ pub fn run(
     }
 }
 
+/// Where systemd-resolved lists the servers it asks, when /etc/resolv.conf names only its stub
+/// (127.0.0.53).
+const RESOLVED_UPSTREAMS: &str = "/run/systemd/resolve/resolv.conf";
+
+/// The host's resolvers that the probe asks directly (loopback ones left out: inside the sandbox they
+/// would be its own loopback), or why there are none. On a systemd-resolved host, whose
+/// /etc/resolv.conf names only the stub, those of [`RESOLVED_UPSTREAMS`].
+fn host_resolvers(resolv_conf: &Path) -> Result<Vec<IpAddr>, String> {
+    let text = fs::read_to_string(resolv_conf)
+        .map_err(|e| format!("{} cannot be read ({e})", resolv_conf.display()))?;
+    let found = resolvers(&text);
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    if resolv_conf == default_resolv_conf() {
+        if let Ok(text) = fs::read_to_string(RESOLVED_UPSTREAMS) {
+            let found = resolvers(&text);
+            if !found.is_empty() {
+                return Ok(found);
+            }
+        }
+    }
+    Err(format!(
+        "{} names no resolver but loopback ones",
+        resolv_conf.display()
+    ))
+}
+
 fn run_inner(
     podman: &Podman,
     settings: &Settings,
@@ -263,8 +291,15 @@ fn run_inner(
 ) -> anyhow::Result<Vec<Check>> {
     let project = Project::create()?;
     let listeners = HostListeners::start()?;
-    let host_resolv = fs::read_to_string(&options.host_resolv_conf).unwrap_or_default();
     let mut extra = Vec::new();
+    let host_resolvers = host_resolvers(&options.host_resolv_conf).unwrap_or_else(|why| {
+        extra.push(Check::skip(
+            Section::Containment,
+            "host-resolver",
+            format!("{why}, so no DNS query straight to this host's resolvers is tried"),
+        ));
+        Vec::new()
+    });
     progress("starting a session as `agent-sandbox` would");
     let tcp_ports = listeners.tcp_ports;
     let udp_ports = listeners.udp_ports;
@@ -299,7 +334,7 @@ fn run_inner(
                 exact: if options.reach { exact } else { Vec::new() },
                 tcp_ports,
                 udp_ports,
-                host_resolvers: resolvers(&host_resolv),
+                host_resolvers: host_resolvers.clone(),
                 nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
             };
             let spec = spec(podman, t, aim, lookup, &mut extra);
@@ -411,22 +446,47 @@ fn spec(
     for a in aim.host_resolvers {
         spec.dns.push(("host-resolver".into(), a.to_string(), 53));
     }
-    if let Ok(ip) = podman.run(&args::container_ip(&t.router, EGRESS_NETWORK)) {
-        let ip = ip.trim();
-        if ip.parse::<IpAddr>().is_ok() {
+    // A target that cannot be learned is said, never left out in silence.
+    match podman.run(&args::container_ip(&t.router, EGRESS_NETWORK)) {
+        Ok(ip) if ip.trim().parse::<IpAddr>().is_ok() => {
+            let ip = ip.trim();
             spec.tcp.push(("router-egress".into(), ip.to_owned(), 443));
             spec.dns.push(("router-egress".into(), ip.to_owned(), 53));
         }
+        found => extra.push(Check::skip(
+            Section::Containment,
+            "router-egress",
+            format!(
+                "the router's address on {EGRESS_NETWORK} could not be learned ({}), so it is not tried directly",
+                found.map_or_else(|e| e.to_string(), |ip| format!("podman gave {:?}", ip.trim()))
+            ),
+        )),
     }
-    if let Ok(net) = podman
+    let gateways = podman
         .run(&args::network_inspect(EGRESS_NETWORK))
         .map_err(anyhow::Error::new)
         .and_then(|j| Network::parse_inspect(&j).map_err(anyhow::Error::new))
-    {
-        for g in net.subnets.iter().filter_map(|s| s.gateway) {
-            spec.tcp.push(("egress-gateway".into(), g.to_string(), 443));
-            spec.dns.push(("egress-gateway".into(), g.to_string(), 53));
+        .map(|net| {
+            net.subnets
+                .iter()
+                .filter_map(|s| s.gateway)
+                .collect::<Vec<_>>()
+        });
+    match gateways {
+        Ok(gateways) if !gateways.is_empty() => {
+            for g in gateways {
+                spec.tcp.push(("egress-gateway".into(), g.to_string(), 443));
+                spec.dns.push(("egress-gateway".into(), g.to_string(), 53));
+            }
         }
+        found => extra.push(Check::skip(
+            Section::Containment,
+            "egress-gateway",
+            format!(
+                "{EGRESS_NETWORK}'s gateway could not be learned ({}), so it is not tried directly",
+                found.map_or_else(|e| format!("{e:#}"), |_| "it has none".to_owned())
+            ),
+        )),
     }
     match lookup.map_or_else(|| Err("the allowlist is empty".to_owned()), Lookup::wait) {
         Ok(addresses) => {
@@ -800,6 +860,149 @@ noise from python
             .unwrap();
         assert!(out.status.success(), "{out:?}");
         assert_eq!(String::from_utf8_lossy(&out.stdout), "probe ran\n");
+    }
+
+    /// Runs `code` after the probe's own definitions (its source without the final `main()`), in the
+    /// probe's python3 with the default spec, and returns what it printed.
+    fn probe_functions(code: &str) -> String {
+        let source = PROBE.trim_end().strip_suffix("main()").unwrap();
+        let cmd = ProbeSpec::default().command();
+        let spec = cmd.last().unwrap().clone();
+        let out = std::process::Command::new(&cmd[0])
+            .args(&cmd[1..cmd.len() - 2])
+            .arg(format!("{source}\n{code}"))
+            .arg(spec)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The probe's lines, by name.
+    fn probe_lines(printed: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+        printed
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| Some((v.get("name")?.as_str()?.to_owned(), v)))
+            .collect()
+    }
+
+    #[test]
+    fn host_resolvers_or_why_there_are_none() {
+        let dir = std::env::temp_dir().join(format!("as-doctor-resolv-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let stub = dir.join("stub");
+        fs::write(&stub, "nameserver 127.0.0.53\noptions edns0\n").unwrap();
+        let real = dir.join("real");
+        fs::write(&real, "nameserver 127.0.0.53\nnameserver 192.0.2.9\n").unwrap();
+        let stub_result = host_resolvers(&stub);
+        let real_result = host_resolvers(&real);
+        let missing_result = host_resolvers(&dir.join("missing"));
+        fs::remove_dir_all(&dir).unwrap();
+        // A file of the tests' own is never swapped for systemd-resolved's.
+        assert!(
+            stub_result
+                .as_ref()
+                .is_err_and(|why| why.contains("names no resolver but loopback ones")),
+            "{stub_result:?}"
+        );
+        assert_eq!(real_result, Ok(vec![IpAddr::from([192, 0, 2, 9])]));
+        assert!(
+            missing_result
+                .as_ref()
+                .is_err_and(|why| why.contains("cannot be read")),
+            "{missing_result:?}"
+        );
+    }
+
+    #[test]
+    fn a_query_that_was_sent_fails_whatever_came_back() {
+        // Loopback stands in for an address outside: the sandbox has no route off its network, so
+        // there a blocked query fails at once. A query that was sent fails the check whether an ICMP
+        // error comes back (a closed port) or nothing does (a silent server): both show it left.
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let printed = probe_functions(&format!(
+            "TIMEOUT = 0.3\n\
+             other_dns('silent', '127.0.0.1', {})\n\
+             other_dns('closed', '127.0.0.1', {closed_port})\n\
+             print(json.dumps({{'name': 'blocked', 'timeout': blocked(socket.timeout('x')), \
+             'unreachable': blocked(OSError(errno.ENETUNREACH, 'x'))}}))\n",
+            silent.local_addr().unwrap().port()
+        ));
+        let lines = probe_lines(&printed);
+        let silent = &lines["dns-silent-127.0.0.1"];
+        assert_eq!(silent["ok"], false, "{silent}");
+        assert!(
+            silent["got"].as_str().unwrap().starts_with("timed out"),
+            "{silent}"
+        );
+        let closed = &lines["dns-closed-127.0.0.1"];
+        assert_eq!(closed["ok"], false, "{closed}");
+        assert!(
+            closed["got"]
+                .as_str()
+                .unwrap()
+                .contains("ECONNREFUSED (Connection refused), reported by 127.0.0.1"),
+            "{closed}"
+        );
+        assert_eq!(lines["blocked"]["timeout"], false);
+        assert_eq!(lines["blocked"]["unreachable"], true);
+    }
+
+    #[test]
+    fn host_mounts_are_told_by_path_component_and_run_secrets_only_when_empty() {
+        let printed = probe_functions(
+            "for secrets in (['etc-pki-entitlement'], []):\n    \
+             print(json.dumps({'name': str(len(secrets)), 'extra': unexpected_mounts(\
+             ['/', SPEC['project'], '/dev/shm', '/devel', '/proc/sys', '/sys/fs/cgroup', \
+             '/system-config', '/run/secrets', '/etc/hosts', '/etc/ssl/certs/ca-certificates.crt'], \
+             secrets)}))\n",
+        );
+        let lines = probe_lines(&printed);
+        assert_eq!(
+            lines["1"]["extra"],
+            serde_json::json!([
+                "/devel",
+                "/run/secrets (holding etc-pki-entitlement)",
+                "/system-config"
+            ])
+        );
+        assert_eq!(
+            lines["0"]["extra"],
+            serde_json::json!(["/devel", "/system-config"])
+        );
+    }
+
+    #[test]
+    fn a_terminated_name_passes_only_on_the_upstreams_answer() {
+        let printed = probe_functions(
+            "for name, answer in (\n\
+             ('router', b'HTTP/1.1 502 Bad Gateway\\r\\nContent-Length: 40\\r\\n\\r\\nagent-sandbox: cannot reach api.example\\n'),\n\
+             ('refused', b'HTTP/1.1 403 Forbidden\\r\\n\\r\\nagent-sandbox: refused\\n'),\n\
+             ('upstream', b'HTTP/1.1 404 Not Found\\r\\nContent-Length: 9\\r\\n\\r\\n'),\n\
+             ('upstream-502', b'HTTP/1.1 502 Bad Gateway\\r\\nContent-Length: 3\\r\\n\\r\\n'),\n\
+             ('nothing', b''), ('garbage', b'\\x15\\x03\\x03')):\n    \
+             ok, got = judge_terminated(answer)\n    \
+             print(json.dumps({'name': name, 'ok': ok, 'got': got}))\n",
+        );
+        let lines = probe_lines(&printed);
+        for (name, ok) in [
+            ("router", false),
+            ("refused", false),
+            ("upstream", true),
+            ("upstream-502", true),
+            ("nothing", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(lines[name]["ok"], ok, "{}", lines[name]);
+        }
+        assert!(lines["router"]["got"]
+            .as_str()
+            .unwrap()
+            .contains("agent-sandbox: cannot reach api.example"));
     }
 
     #[test]
