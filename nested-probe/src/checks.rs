@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use crate::dns;
+use crate::icmp;
 use crate::spec::{Spec, Target};
 
 /// How long each attempt waits: inside the sandbox a blocked address fails at once (no route), so
@@ -214,15 +215,41 @@ fn tcp_blocked(t: &Target) -> Line {
     let addr = SocketAddr::new(t.ip, t.port);
     let name = format!("nested-tcp-{}-{}", t.kind, t.ip);
     let tried = format!("TCP to {} {addr}", t.kind);
-    match TcpStream::connect_timeout(&addr, TIMEOUT) {
-        Ok(_) => Line::new(name, false, tried, "connected"),
+    let socket = match socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .and_then(|s| icmp::report(&s, addr.is_ipv4()).map(|()| s))
+    {
+        Ok(s) => s,
+        // Only a sandbox without the address family passes: any other failure tried nothing.
+        Err(e) => {
+            let ok = e.raw_os_error() == Some(libc::EAFNOSUPPORT);
+            return Line::new(name, ok, tried, format!("no socket: {}", describe(&e)));
+        }
+    };
+    match socket.connect_timeout(&addr.into(), TIMEOUT) {
+        Ok(()) => Line::new(name, false, tried, "connected"),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Line::new(
             name,
             false,
             tried,
             "refused by the target: the packet got there",
         ),
-        Err(e) => Line::new(name, blocked(&e), tried, describe(&e)),
+        // An unreachable that the network sent back (not the sandbox's own kernel) went somewhere.
+        Err(e) => match icmp::sender(&socket) {
+            Some(ip) => Line::new(
+                name,
+                false,
+                tried,
+                format!(
+                    "{}, reported by {ip}: the packet left the sandbox",
+                    describe(&e)
+                ),
+            ),
+            None => Line::new(name, blocked(&e), tried, describe(&e)),
+        },
     }
 }
 
@@ -263,10 +290,11 @@ fn dns_unanswered(t: &Target, name: &str) -> Line {
         // Only a query the sandbox refused to send passes. Once sent, any outcome shows that it left:
         // an answer, a datagram that is not one, an ICMP error, or silence.
         Err(dns::DnsError::Unsent(e)) => Line::new(check, blocked(&e), tried, describe(&e)),
-        Err(dns::DnsError::Unanswered(e)) => {
-            let got = match e.kind() {
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => describe(&e),
-                _ => format!("{e}, reported from the network: the query left the sandbox"),
+        Err(dns::DnsError::Unanswered(e, sender)) => {
+            let got = match (e.kind(), sender) {
+                (io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock, _) => describe(&e),
+                (_, Some(ip)) => format!("{e}, reported by {ip}: the query left the sandbox"),
+                (_, None) => format!("{e}, after the query was sent: it left the sandbox"),
             };
             Line::new(check, false, tried, got)
         }
@@ -345,10 +373,7 @@ mod tests {
         };
         let refused = dns_unanswered(&target(closed_port), "a.test");
         assert!(!refused.ok, "{refused:?}");
-        assert!(
-            refused.got.contains("reported from the network"),
-            "{refused:?}"
-        );
+        assert!(refused.got.contains("reported by 127.0.0.1"), "{refused:?}");
         let unanswered = dns_unanswered(&target(silent.local_addr().unwrap().port()), "a.test");
         assert!(!unanswered.ok, "{unanswered:?}");
         assert!(unanswered.got.starts_with("timed out"), "{unanswered:?}");

@@ -29,9 +29,9 @@ pub enum DnsError {
     #[error("{0}")]
     Unsent(io::Error),
     /// The query was sent, and the wait for its answer ended in an error: a timeout, or an ICMP error
-    /// that came back for it (the socket asks for them, `IP_RECVERR`).
+    /// that came back for it (the socket asks for them, `IP_RECVERR`), with its sender.
     #[error("{0}")]
-    Unanswered(io::Error),
+    Unanswered(io::Error, Option<IpAddr>),
     /// Something came back that is not an answer to our query.
     #[error("not an answer to the query: {0}")]
     Malformed(&'static str),
@@ -42,7 +42,7 @@ impl DnsError {
     #[must_use]
     pub fn io(&self) -> Option<&io::Error> {
         match self {
-            DnsError::Unsent(e) | DnsError::Unanswered(e) => Some(e),
+            DnsError::Unsent(e) | DnsError::Unanswered(e, _) => Some(e),
             DnsError::Malformed(_) => None,
         }
     }
@@ -139,7 +139,7 @@ pub fn ask(server: SocketAddr, name: &str, timeout: Duration) -> Result<Answer, 
     let sock = UdpSocket::bind(bind).map_err(DnsError::Unsent)?;
     sock.set_read_timeout(Some(timeout))
         .map_err(DnsError::Unsent)?;
-    report_icmp(&sock, server.is_ipv4()).map_err(DnsError::Unsent)?;
+    crate::icmp::report(&sock, server.is_ipv4()).map_err(DnsError::Unsent)?;
     let id = random_id();
     // Not connected: an answer counts from whatever address it comes (a host answers from the address
     // its route to us picks, which need not be the one asked), as in probe.py.
@@ -154,7 +154,11 @@ pub fn ask(server: SocketAddr, name: &str, timeout: Duration) -> Result<Answer, 
     for _ in 0..4 {
         let n = match sock.recv_from(&mut buf) {
             Ok((n, _)) => n,
-            Err(e) => return Err(last.unwrap_or(DnsError::Unanswered(e))),
+            Err(e) => {
+                return Err(
+                    last.unwrap_or_else(|| DnsError::Unanswered(e, crate::icmp::sender(&sock)))
+                )
+            }
         };
         match parse(&buf[..n], id) {
             Ok(a) => return Ok(a),
@@ -162,34 +166,6 @@ pub fn ask(server: SocketAddr, name: &str, timeout: Duration) -> Result<Answer, 
         }
     }
     Err(last.unwrap_or(DnsError::Malformed("no answer")))
-}
-
-/// Asks the kernel to report ICMP errors that come back for what `sock` sends (`IP_RECVERR`,
-/// `IPV6_RECVERR`): without it an unconnected UDP socket never learns of them, and a query refused by
-/// the host it reached would look like one that went nowhere.
-fn report_icmp(sock: &UdpSocket, ipv4: bool) -> io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let (level, option) = if ipv4 {
-        (libc::IPPROTO_IP, libc::IP_RECVERR)
-    } else {
-        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
-    };
-    let on: libc::c_int = 1;
-    // SAFETY: setsockopt on a descriptor the socket owns, with a c_int value of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            option,
-            std::ptr::addr_of!(on).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// A query id that is not predictable (from the clock and the process id: the probe has no need

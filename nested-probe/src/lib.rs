@@ -11,6 +11,7 @@
 //! ```text
 //! spec.rs    the command line: what to expect and which addresses must stay out of reach
 //! dns.rs     one A query over UDP, built and parsed by hand (no getaddrinfo in a scratch image)
+//! icmp.rs    ICMP errors that come back for what a socket sent, and who sent them (IP_RECVERR)
 //! checks.rs  the checks, each a `Line`; the slow ones run side by side
 //! ```
 //!
@@ -18,6 +19,7 @@
 
 pub mod checks;
 pub mod dns;
+pub mod icmp;
 pub mod spec;
 
 pub use checks::{run, Line};
