@@ -90,6 +90,15 @@ impl SignalWatch {
         Ok(SignalWatch { shared })
     }
 
+    /// A watch that no signal reaches (tests: installing handlers would catch the test runner's).
+    #[cfg(test)]
+    #[must_use]
+    pub fn for_tests() -> SignalWatch {
+        SignalWatch {
+            shared: Arc::default(),
+        }
+    }
+
     /// The last signal received, if any.
     #[must_use]
     pub fn received(&self) -> Option<i32> {

@@ -780,6 +780,8 @@ mod tests {
                 "TMPDIR" => Some("/nonexistent-as/tmp".into()),
                 "XDG_CONFIG_HOME" => Some("/nonexistent-as/cfg".into()),
                 "CONTAINERS_CONF" => Some("/nonexistent-as/c/containers.conf".into()),
+                "CONTAINERS_STORAGE_CONF" => Some("/nonexistent-as/c/storage.conf".into()),
+                "CONTAINERS_REGISTRIES_CONF" => Some("/nonexistent-as/c/registries.conf".into()),
                 "XDG_DATA_HOME" => Some("relative/ignored".into()),
                 "XDG_STATE_HOME" => Some("/nonexistent-as/state".into()),
                 _ => None,
@@ -807,6 +809,11 @@ mod tests {
             "/nonexistent-as/c/containers.conf",
             "/nonexistent-as/home/sudoer/.local/share/containers",
             "/nonexistent-as/tmp/containers-user-4242",
+            // podman's runtime directory when XDG_RUNTIME_DIR is not set, in /tmp and in $TMPDIR.
+            "/tmp/podman-run-4242",
+            "/nonexistent-as/tmp/podman-run-4242",
+            "/nonexistent-as/c/storage.conf",
+            "/nonexistent-as/c/registries.conf",
         ] {
             assert!(g.podman.contains(&p(path)), "{path}: {:?}", g.podman);
         }

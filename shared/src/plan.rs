@@ -364,7 +364,11 @@ mod tests {
             Ipv4Addr::new(127, 0, 0, 3)
         );
         assert_eq!(r.answers.hosts["z.net"], Ipv4Addr::new(127, 0, 0, 4));
+        // Every listener on the session network's address only: the router is also on the shared
+        // egress network, where nothing may reach its listeners.
         assert_eq!(r.listen.dns, Some("10.89.3.2:53".parse().unwrap()));
+        assert_eq!(r.listen.http, Some("10.89.3.2:80".parse().unwrap()));
+        assert_eq!(r.listen.https, Some("10.89.3.2:443".parse().unwrap()));
         assert_eq!(r.forwards.len(), 3);
         assert_eq!(r.forwards[2].host, "z.net");
         assert_eq!(r.forwards[2].listen, "10.89.3.2:10002".parse().unwrap());

@@ -28,7 +28,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 
-use agent_sandbox_shared::allowlist::MAX_ALLOWLIST_BYTES;
 use agent_sandbox_shared::{groups, Allowlist, Policy};
 
 use crate::podman::Podman;
@@ -184,16 +183,9 @@ fn real_path(path: &Path) -> PathBuf {
 
 /// Reads the allowlist file's text (capped like the parser's `load`).
 fn read_allowlist(path: &Path) -> anyhow::Result<String> {
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("cannot read allowlist {}", path.display()))?;
-    if meta.len() > MAX_ALLOWLIST_BYTES {
-        bail!(
-            "allowlist {} is larger than {MAX_ALLOWLIST_BYTES} bytes; is it the right file?",
-            path.display()
-        );
-    }
-    let bytes =
-        std::fs::read(path).with_context(|| format!("cannot read allowlist {}", path.display()))?;
+    // One bounded read of a regular file, as a session reads it: a FIFO or device is refused, not
+    // waited on, and a file that grows past the cap is refused, not read whole.
+    let bytes = Allowlist::read(path)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -737,6 +729,41 @@ mod tests {
     fn verify_definition() {
         use clap::CommandFactory as _;
         LiveCli::command().debug_assert();
+    }
+
+    /// `allow`, `deny` and `reload` read the allowlist as a session does: a file past the cap and a FIFO
+    /// are refused (the FIFO without waiting for a writer), a regular file read whole.
+    #[test]
+    fn the_allowlist_is_read_bounded_and_never_waited_on() {
+        let dir = std::env::temp_dir().join(format!("as-live-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(agent_sandbox_shared::allowlist::MAX_ALLOWLIST_BYTES + 1)
+            .unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let fine = dir.join("fine");
+        std::fs::write(&fine, "a.example\n").unwrap();
+        let (big, fifo, fine) = (
+            read_allowlist(&big).map_err(|e| format!("{e:#}")),
+            read_allowlist(&fifo).map_err(|e| format!("{e:#}")),
+            read_allowlist(&fine).map_err(|e| format!("{e:#}")),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            big.as_ref().is_err_and(|e| e.contains("larger than")),
+            "{big:?}"
+        );
+        assert!(
+            fifo.as_ref()
+                .is_err_and(|e| e.contains("not a regular file")),
+            "{fifo:?}"
+        );
+        assert_eq!(fine.as_deref(), Ok("a.example\n"));
     }
 
     #[test]

@@ -1113,10 +1113,37 @@ mod tests {
             ]
         ));
         assert_eq!(count(&a, "--mount"), 3);
-        spec.covered.push(covered("/home/me/src/p/x,y", false));
-        let a = strs(&sandbox_run(&spec));
-        assert!(has(&a, &["--volume", "/home/me/src/p:/home/me/src/p:bind"]));
-        assert_eq!(count(&a, "--mount"), 0);
+        // Each byte podman's CSV would split at: a cover at half the path would leave the rest seen.
+        for odd in ["x,y", "x\"y", "x\ny", "x\ry"] {
+            let mut spec = spec.clone();
+            spec.covered
+                .push(covered(&format!("/home/me/src/p/{odd}"), false));
+            let a = strs(&sandbox_run(&spec));
+            assert!(
+                has(&a, &["--volume", "/home/me/src/p:/home/me/src/p:bind"]),
+                "{odd:?}: {a:?}"
+            );
+            assert_eq!(count(&a, "--mount"), 0, "{odd:?}");
+        }
+    }
+
+    /// Whoever the sandbox runs as, nothing in it can gain privileges (setuid files, file capabilities).
+    #[test]
+    fn every_sandbox_has_no_new_privileges() {
+        let mut root = sandbox(UserMapping::Host { uid: 0, gid: 0 });
+        root.passwd_entry = None;
+        for spec in [
+            root,
+            sandbox(UserMapping::Host {
+                uid: 1000,
+                gid: 1000,
+            }),
+            sandbox(UserMapping::KeepId),
+        ] {
+            let a = strs(&sandbox_run(&spec));
+            assert!(has(&a, &["--security-opt", "no-new-privileges"]), "{a:?}");
+            assert!(has(&a, &["--cap-drop", "ALL"]), "{a:?}");
+        }
     }
 
     #[test]

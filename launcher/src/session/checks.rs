@@ -31,6 +31,20 @@ pub(super) struct Checked {
 }
 
 impl Checked {
+    /// The checks' result for `project` as it is now, with an empty allowlist (tests).
+    #[cfg(test)]
+    pub(super) fn for_tests(project: PathBuf, user: SandboxUser) -> Checked {
+        let project_id = fs::metadata(&project)
+            .map(|m| (m.dev(), m.ino()))
+            .unwrap_or_default();
+        Checked {
+            project,
+            policy: Policy::new(&agent_sandbox_shared::Allowlist::parse("", "test").unwrap()),
+            user,
+            project_id,
+        }
+    }
+
     /// The allowlist read again (under the live lock, [`crate::live::lock`]): the policy the session
     /// starts with is the file as it is now, not as it was before the images were pulled.
     pub(super) fn reread_policy(&mut self, settings: &Settings) -> anyhow::Result<()> {

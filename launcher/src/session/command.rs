@@ -27,17 +27,15 @@ pub(super) fn run_command(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<ExitStatus> {
-    checked.still_the_checked_project()?;
-    let covered = covered(podman, &checked, session)?;
-    let spec = sandbox_spec(
+    let spec = checked_spec(
+        podman,
         settings,
         checked,
-        covered,
         shared,
         session,
         command,
         std::io::stdin().is_terminal(),
-    );
+    )?;
     let escalate = {
         let podman = podman.clone();
         let pod = session.pod.clone();
@@ -62,7 +60,26 @@ pub(super) fn run_command(
     status.context("waiting for the sandbox's podman run")
 }
 
-/// The sandbox container of a session: the same for an interactive command and for the doctor's probe.
+/// The sandbox container of a session, right before it runs: the project checked once more (it must be
+/// the directory the checks looked at), what is mounted below it read, then [`sandbox_spec`]. The same
+/// for an interactive command and for the doctor's probe.
+fn checked_spec(
+    podman: &Podman,
+    settings: &Settings,
+    checked: Checked,
+    shared: &Shared,
+    session: &Session,
+    command: Vec<OsString>,
+    tty: bool,
+) -> anyhow::Result<SandboxSpec> {
+    checked.still_the_checked_project()?;
+    let covered = covered(podman, &checked, session)?;
+    Ok(sandbox_spec(
+        settings, checked, covered, shared, session, command, tty,
+    ))
+}
+
+/// The sandbox container of a session.
 fn sandbox_spec(
     settings: &Settings,
     checked: Checked,
@@ -185,9 +202,7 @@ pub(super) fn run_captured(
     session: &Session,
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
-    checked.still_the_checked_project()?;
-    let covered = covered(podman, &checked, session)?;
-    let spec = sandbox_spec(settings, checked, covered, shared, session, command, false);
+    let spec = checked_spec(podman, settings, checked, shared, session, command, false)?;
     podman
         .output(&args::sandbox_run(&spec))
         .context("running the probe in the sandbox")
@@ -243,6 +258,133 @@ mod tests {
             with.push((id.to_owned(), project.into()));
             assert_eq!(mover(p, "own", &with).map(|m| m.0.as_str()), Some(id));
         }
+    }
+
+    /// A session with credential injection, as `start` leaves it, and what the other steps give.
+    fn started(project: &Path) -> (Settings, Checked, Shared, Session) {
+        let settings =
+            Settings::from_env(|k| (k == "HOME").then(|| "/nonexistent-as/home".into())).unwrap();
+        assert!(settings.inject, "injection is the default");
+        // Rootful, as the sudo user: no mounts below the project to read, so no podman is asked.
+        let user = super::super::user::SandboxUser {
+            mapping: UserMapping::Host {
+                uid: 1000,
+                gid: 1000,
+            },
+            passwd_entry: None,
+            home: PathBuf::from("/home/me"),
+            host_uid: 1000,
+        };
+        let checked = Checked::for_tests(project.to_owned(), user);
+        let shared = Shared {
+            resolvers: Vec::new(),
+            chown_home: false,
+            home_mountpoint: None,
+        };
+        let labels = crate::podman::SessionLabels {
+            session: "0123456789ab".into(),
+            pid: 1,
+            start: 1,
+            boot: "boot".into(),
+            project: project.to_owned(),
+            log_dir: None,
+            session_dir: None,
+        };
+        let inject = crate::inject::SessionInject {
+            config: agent_sandbox_shared::inject::InjectConfig {
+                ca_cert: "/s/inject/ca.pem".into(),
+                ca_key: "/s/inject/ca.key".into(),
+                upstream_roots: None,
+                api_key: None,
+                oauth: None,
+            },
+            router_dir: "/s/inject".into(),
+            ca_cert: "/s/inject/ca.pem".into(),
+            bundle: "/s/ca-bundle.crt".into(),
+            oauth_store: None,
+            notices: Vec::new(),
+            env: vec![(
+                "ANTHROPIC_API_KEY".into(),
+                "sk-ant-api03-placeholder".into(),
+            )],
+        };
+        let session = Session {
+            labels,
+            base: "agent-sandbox-0123456789ab".into(),
+            pod: "agent-sandbox-0123456789ab".into(),
+            router: "agent-sandbox-0123456789ab-router".into(),
+            router_log: None,
+            hosts: "/s/hosts".into(),
+            resolv: "/s/resolv.conf".into(),
+            router_ip: std::net::Ipv4Addr::new(10, 89, 3, 2),
+            loopbacks: Vec::new(),
+            inject: Some(inject),
+        };
+        (settings, checked, shared, session)
+    }
+
+    /// With injection, the sandbox gets the placeholder key and the session CA's certificate, never
+    /// the real key (by name, from the launcher's environment) nor the router's directory (its key).
+    #[test]
+    fn the_sandbox_gets_the_placeholder_and_the_certificate_only() {
+        let project = std::env::temp_dir();
+        let (settings, checked, shared, session) = started(&project.canonicalize().unwrap());
+        let podman = Podman::stand_in("/nonexistent-as/podman");
+        let spec = checked_spec(
+            &podman,
+            &settings,
+            checked,
+            &shared,
+            &session,
+            vec!["claude".into()],
+            false,
+        )
+        .unwrap();
+        assert!(!spec.pass_env.iter().any(|n| n == "ANTHROPIC_API_KEY"));
+        let argv: Vec<String> = args::sandbox_run(&spec)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert!(argv.contains(&"ANTHROPIC_API_KEY=sk-ant-api03-placeholder".to_owned()));
+        assert!(argv
+            .iter()
+            .any(|a| a.starts_with("/s/inject/ca.pem:/etc/agent-sandbox/session-ca.pem")));
+        assert!(
+            !argv.iter().any(|a| a == "ANTHROPIC_API_KEY"
+                || a.starts_with("/s/inject:")
+                || a.contains("ca.key")),
+            "{argv:?}"
+        );
+    }
+
+    /// A project directory swapped after the checks (for a symlink, say) gets no sandbox.
+    #[test]
+    fn a_project_replaced_after_the_checks_gets_no_sandbox() {
+        let base = std::env::temp_dir().join(format!("as-replaced-test-{}", std::process::id()));
+        std::fs::create_dir_all(base.join("proj")).unwrap();
+        let project = base.join("proj").canonicalize().unwrap();
+        let (settings, checked, shared, session) = started(&project);
+        std::fs::rename(&project, base.join("moved")).unwrap();
+        std::fs::create_dir(&project).unwrap();
+        let podman = Podman::stand_in("/nonexistent-as/podman");
+        let result = checked_spec(
+            &podman,
+            &settings,
+            checked,
+            &shared,
+            &session,
+            Vec::new(),
+            false,
+        )
+        .map_err(|e| format!("{e:#}"));
+        std::fs::remove_dir_all(&base).unwrap();
+        assert!(
+            result
+                .as_ref()
+                .is_err_and(|e| e.contains("changed while the session")),
+            "{:?}",
+            result.map(|_| ())
+        );
     }
 
     #[test]

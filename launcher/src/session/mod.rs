@@ -243,6 +243,41 @@ fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
 mod tests {
     use super::*;
 
+    /// Under the live lock the start reads the allowlist again: a change made while the images were
+    /// pulled (which `allow` finds no session to apply to) is in the policy the session starts with.
+    #[test]
+    fn the_policy_is_the_allowlist_as_it_is_under_the_live_lock() {
+        let dir = std::env::temp_dir().join(format!("as-live-lock-reread-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let list = dir.join("allowed-hosts");
+        std::fs::write(&list, "old.example\n").unwrap();
+        let settings = Settings {
+            allowlist: list.clone(),
+            state_dir: dir.join("state"),
+            ..Settings::from_env(|k| (k == "HOME").then(|| "/nonexistent-as/home".into())).unwrap()
+        };
+        let user = user::SandboxUser {
+            mapping: crate::podman::UserMapping::KeepId,
+            passwd_entry: None,
+            home: "/home/me".into(),
+            host_uid: 1000,
+        };
+        let mut checked = checks::Checked::for_tests(dir.clone(), user);
+        checked.reread_policy(&settings).unwrap();
+        std::fs::write(&list, "new.example\n").unwrap();
+        let lock = live_lock(&settings, &mut checked, &SignalWatch::for_tests());
+        let taken = match &lock {
+            Ok(held) => Ok(held.is_some()),
+            Err(e) => Err(e.to_string()),
+        };
+        drop(lock);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(taken, Ok(true)), "{taken:?}");
+        let name = |n: &str| agent_sandbox_shared::HostName::parse(n).unwrap();
+        assert!(checked.policy.allows(&name("new.example")));
+        assert!(!checked.policy.allows(&name("old.example")));
+    }
+
     #[test]
     fn errors_show_their_whole_chain_and_interruptions_their_exit_code() {
         // lib.rs prints `{:#}` of the error: each step's context, then its causes, as before the enum.

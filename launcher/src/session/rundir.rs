@@ -313,6 +313,38 @@ mod tests {
         fs::remove_dir_all(&tmp).unwrap();
     }
 
+    /// A directory of another user's is never taken for the launcher's own: not as a session directory
+    /// an object's label names, not as a private directory to write in.
+    #[test]
+    fn a_directory_of_someone_elses_is_refused() {
+        // SAFETY: getuid cannot fail and touches no memory.
+        if unsafe { libc::getuid() } != 0 {
+            // Not root: "/" is someone else's (root's); with no loose bits, nothing is changed.
+            assert!(own_dir(Path::new("/"), &fs::metadata("/").unwrap(), 0, "x").is_err());
+            return;
+        }
+        let tmp = std::env::temp_dir().join(format!("as-foreign-dir-test-{}", std::process::id()));
+        let dir = tmp.join(format!("{NAME_PREFIX}0123456789ab"));
+        create_session_dir(&dir).unwrap();
+        let label = Some(dir.display().to_string());
+        // Ours: taken.
+        assert_eq!(
+            labelled_session_dir(label.as_ref(), "0123456789ab"),
+            Some(dir.clone())
+        );
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let labelled = labelled_session_dir(label.as_ref(), "0123456789ab");
+        let private = ensure_private_dir(&dir).map_err(|e| format!("{e:#}"));
+        fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(labelled, None);
+        assert!(
+            private
+                .as_ref()
+                .is_err_and(|e| e.contains("is not a directory of yours")),
+            "{private:?}"
+        );
+    }
+
     #[test]
     fn session_ids_are_random_hex() {
         let a = new_session_id().unwrap();
