@@ -436,9 +436,8 @@ fn pattern_mismatch(offset: usize, data: &[u8]) -> Option<usize> {
         .map(|(i, _)| offset + i)
 }
 
-/// The router's environment when it must copy instead of splicing (the path it takes when no pipe can
-/// be had, under gVisor, or when told to).
-const NO_SPLICE: &[(&str, &str)] = &[("AGENT_SANDBOX_NO_SPLICE", "1")];
+/// The router's environment when it splices bulk data instead of copying it (`AGENT_SANDBOX_SPLICE`).
+const SPLICE: &[(&str, &str)] = &[("AGENT_SANDBOX_SPLICE", "1")];
 
 #[test]
 fn upstream_reads_slowly_back_pressure() {
@@ -522,11 +521,11 @@ fn upstream_reads_slowly_after_sni_back_pressure() {
 }
 
 #[test]
-fn upstream_reads_slowly_after_sni_back_pressure_copying() {
-    let Some(f) = Fixture::with_env(NO_SPLICE) else {
+fn upstream_reads_slowly_after_sni_back_pressure_splicing() {
+    let Some(f) = Fixture::with_env(SPLICE) else {
         return;
     };
-    upstream_reads_slowly_after_sni(&f, "sni-slow-reader-copy.test");
+    upstream_reads_slowly_after_sni(&f, "sni-slow-reader-splice.test");
 }
 
 /// A client sends a ClientHello naming `name` to the TLS listener, then [`BULK`] bytes of the pattern
@@ -585,11 +584,11 @@ fn client_reads_slowly_back_pressure() {
 }
 
 #[test]
-fn client_reads_slowly_back_pressure_copying() {
-    let Some(f) = Fixture::with_env(NO_SPLICE) else {
+fn client_reads_slowly_back_pressure_splicing() {
+    let Some(f) = Fixture::with_env(SPLICE) else {
         return;
     };
-    client_reads_slowly(&f, "fast-writer-copy.test");
+    client_reads_slowly(&f, "fast-writer-splice.test");
 }
 
 /// An upstream sends [`BULK`] bytes of the pattern as fast as it can to a client that reads slowly:

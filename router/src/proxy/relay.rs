@@ -4,10 +4,12 @@
 //! until its source reaches end of stream, then shuts down the write side of its destination (half-close:
 //! the other direction keeps flowing), so protocols that send a FIN and then wait for an answer work.
 //!
-//! On Linux the bytes go through a pipe with splice(2), never entering user space; if a pipe cannot be
-//! had (descriptor limits), or `AGENT_SANDBOX_NO_SPLICE` is set, a user-space copy through one buffer
-//! does the same job. Both work on shared
-//! `&TcpStream`s with tokio's readiness API, so the two directions need no split and no extra task.
+//! The bytes go through user space: through a small buffer while they come in messages, and in reads of
+//! up to 1 MiB once a direction carries bulk data. With `AGENT_SANDBOX_SPLICE` set, bulk directions
+//! go through a pipe with splice(2) instead, never entering user space: on this project's benchmark
+//! machine that relayed one stream 15-25 % slower than the large copy, for about the same CPU
+//! (BENCHMARKS.md, issue 18), but another kernel may differ. Both work on shared `&TcpStream`s with
+//! tokio's readiness API, so the two directions need no split and no extra task.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -27,16 +29,18 @@ const COPY_BUF: usize = 16 * 1024;
 /// to splice(2): 64 KiB arriving faster than it is read.
 const BULK_STREAK: u32 = 4;
 
-/// The most one read takes once a direction that cannot splice carries bulk data: relaying 1 GiB over
-/// HTTP without splice cost the router 1,610 ms of CPU through 16 KiB reads and 820 ms through reads
-/// this size (BENCHMARKS.md, issue 18). The reads go through the thread's buffer (see [`copy_now`]); a
-/// direction holds a buffer of its own only for what its destination did not take at once, and
-/// more than [`COPY_BUF`] of that only within [`BULK_HELD_BUDGET`].
-const BULK_COPY: usize = 256 * 1024;
+/// The most one read takes once a direction carries bulk data (and does not splice). Fewer, larger reads
+/// and writes: 1 GiB over HTTP cost the router 1,610 ms of CPU through 16 KiB reads on an earlier
+/// machine and 820 ms through 256 KiB; on the benchmark machine now, 256 KiB reads relayed one stream
+/// at 0.87x of a direct connection and 1 MiB reads at 1.04x, for 280 ms of CPU per GiB against 350
+/// (BENCHMARKS.md, issue 18). The reads go through the thread's buffer (see [`copy_now`]); a direction
+/// holds a buffer of its own only for what its destination did not take at once, and more than
+/// [`COPY_BUF`] of that only within [`BULK_HELD_BUDGET`].
+const BULK_COPY: usize = 1024 * 1024;
 
 /// The most the whole process holds, across connections, in leftovers larger than [`COPY_BUF`] (what a
 /// destination did not take of a [`BULK_COPY`] read). Past it, bulk directions read [`COPY_BUF`] at a
-/// time, so clients that stop reading cannot make the router hold 256 KiB per direction each: with
+/// time, so clients that stop reading cannot make the router hold 1 MiB per direction each: with
 /// this budget, a direction's worst case stays what it was with 16 KiB reads, plus a share of 8 MiB
 /// for the process. Checked before each read, so concurrent workers can overshoot it by one read each.
 const BULK_HELD_BUDGET: usize = 8 * 1024 * 1024;
@@ -118,11 +122,12 @@ fn splice(from: libc::c_int, to: libc::c_int, len: usize) -> io::Result<usize> {
     }
 }
 
-/// splice(2) unless `AGENT_SANDBOX_NO_SPLICE` is set (read once): a switch for benchmarking the two
-/// paths against each other, and for kernels or sandboxes (gVisor) where splice misbehaves.
+/// splice(2) for bulk directions only when `AGENT_SANDBOX_SPLICE` is set (read once): a switch for
+/// benchmarking the two paths against each other, and for a kernel where splice relays faster than
+/// the large copy.
 fn splice_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var_os("AGENT_SANDBOX_NO_SPLICE").is_none())
+    *ENABLED.get_or_init(|| std::env::var_os("AGENT_SANDBOX_SPLICE").is_some())
 }
 
 /// Waits until the runtime has seen `s` readable (or closed), through the socket's one slot for a
@@ -153,12 +158,13 @@ pub(crate) fn shutdown_write(stream: &TcpStream) {
 /// cut short.
 ///
 /// Bytes go through a small buffer while they come in messages (requests, responses, TLS records of a
-/// kept-alive exchange): a pipe costs two descriptors and two system calls per message, which pays off
-/// only for bulk data. When [`BULK_STREAK`] reads in a row fill the buffer, the direction switches to
-/// splice(2); when [`SMALL_STREAK`] splices in a row move less than [`SMALL_SPLICE`], it goes back to
-/// copying and closes the pipe. (A fixed switch after the first 64 KiB put every long-lived kept-alive
-/// connection on the splice path: 0.64x nginx's kept-alive requests/s.) Without splice, the same streak
-/// makes the copy's reads [`BULK_COPY`] large instead (see [`pump_copy`]).
+/// kept-alive exchange). When [`BULK_STREAK`] reads in a row fill it, the direction carries bulk data
+/// and its reads become [`BULK_COPY`] large, until [`SMALL_STREAK`] reads in a row come back small
+/// (see [`pump_copy`]). With splice on ([`splice_enabled`]), the same streak switches the direction to
+/// splice(2) instead, and [`SMALL_STREAK`] splices in a row under [`SMALL_SPLICE`] switch it back to
+/// copying and close the pipe: a pipe costs two descriptors and two system calls per message, which
+/// pays off only for bulk data. (A fixed switch after the first 64 KiB put every long-lived kept-alive
+/// connection on the splice path: 0.64x nginx's kept-alive requests/s.)
 pub(crate) async fn pump(src: &TcpStream, dst: &TcpStream, counter: &AtomicU64) -> io::Result<u64> {
     let splice = splice_enabled();
     let mut total = 0u64;
