@@ -398,3 +398,22 @@ fn sigterm_exits_promptly_and_cleanly() {
     assert!(status.success(), "exit status {status:?}");
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
+
+/// A question of another class than IN (CHAOS here) is refused even for an allowed name: only IN
+/// questions get the name's answer (reviewer R).
+#[test]
+fn other_classes_are_refused_even_for_allowed_names() {
+    let router = standalone();
+    let dns = router.addr("dns/udp");
+    let mut q = common::query_bytes("api.anthropic.com.", RecordType::A, 0x4242);
+    let n = q.len();
+    q[n - 2..].copy_from_slice(&3u16.to_be_bytes()); // QCLASS = CH
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    sock.send_to(&q, dns).unwrap();
+    let mut buf = [0u8; 4096];
+    let (len, _) = sock.recv_from(&mut buf).expect("an answer");
+    let answer = common::decode(&buf[..len]);
+    assert_eq!(answer.code, ResponseCode::Refused);
+    assert_eq!(answer.records, 0);
+}

@@ -1375,3 +1375,33 @@ async fn a_stalled_token_endpoint_gets_a_deadline() {
     assert_eq!(r.status, 200, "{r:?}");
     assert!(contains(&r.body, ACCESS_PH), "{r:?}");
 }
+
+/// The API key goes only to its own hosts: another terminated host (the token endpoint's) gets the
+/// placeholder as written, never the real key (reviewer R).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_goes_only_to_its_own_hosts() {
+    require_netns!();
+    let lab = Lab::start_with("injkeyhosts", true).await;
+    let token = lab.world.name("token");
+    let mut c = lab.connect("token").await;
+    c.send(
+        format!("GET /elsewhere HTTP/1.1\r\nHost: {token}\r\nx-api-key: {PLACEHOLDER}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    let _ = c.response().await;
+    let seen = poll(|| {
+        let s = lab.recorder.for_sni(&token);
+        (!s.is_empty()).then_some(s)
+    })
+    .await;
+    let up = String::from_utf8_lossy(&seen[0].bytes);
+    assert!(
+        !up.contains(REAL_KEY),
+        "the token host got the API key: {up}"
+    );
+    assert!(
+        up.contains(&format!("x-api-key: {PLACEHOLDER}\r\n")),
+        "{up}"
+    );
+}

@@ -166,3 +166,47 @@ async fn next_address_is_tried_when_one_refuses() {
     let e = connection_event(w.mark, local).await;
     assert_eq!(e["upstream"], format!("{}:5432", w.ns.ns_ip));
 }
+
+/// The DNS answer address is one of the router's own even when no interface has it (NAT, a Service
+/// address): a name resolving to it is never dialled, at start and after the 1 s re-read of the
+/// router's own addresses (reviewer R).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_resolving_to_the_answer_address_is_not_dialled() {
+    require_netns!();
+    let w = Scenario::new("answer")
+        .host("loop")
+        .echo_upstream(443)
+        .world()
+        .await;
+    let name = w.name("loop");
+    let toml = format!(
+        "hosts = [{name:?}]\nresolvers = [\"{}\"]\npeek_timeout_secs = 2\nconnect_timeout_secs = 2\n\
+         [listen]\nhttps = \"127.0.0.1:0\"\n[answers]\ndefault = \"{}\"\n",
+        w.dns.addr, w.ns.ns_ip
+    );
+    let config = agent_sandbox_shared::RouterConfig::from_toml(&toml)
+        .unwrap()
+        .validate()
+        .unwrap();
+    let proxy = std::sync::Arc::new(agent_sandbox_router::proxy::Proxy::new(&config).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let https = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(std::sync::Arc::clone(&proxy).serve_https(listener, stop.clone()));
+    for wait in [Duration::ZERO, Duration::from_millis(1500)] {
+        tokio::time::sleep(wait).await;
+        let mark = proxy_support::log_mark();
+        let (local, answer) = tokio::time::timeout(
+            Duration::from_secs(5),
+            raw_exchange(https, &build::hello_record(&[name.as_bytes()], 0)),
+        )
+        .await
+        .expect("refused at once, not relayed");
+        assert_eq!(answer, ALERT_ACCESS_DENIED, "after {wait:?}");
+        let (_, reason) = proxy_support::refusal_from(mark, local).await;
+        assert!(reason.contains("router's own addresses"), "{reason}");
+    }
+    assert_eq!(w.echo().get(), 0);
+    stop.cancel();
+    let _ = task.await;
+}

@@ -39,3 +39,51 @@ async fn host_port_entries() {
     // The entry's host is also allowed on 443/80 by policy, but the forward goes to its port only.
     assert_eq!(e["upstream"], format!("{}:5432", w.ns.ns_ip));
 }
+
+/// A forward listener serves only its entry's exact host:port as the policy has it now: one asked to
+/// relay to a port the policy does not list refuses, though the host is allowed on another port
+/// (reviewer R: a check on the host alone would relay it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_to_a_port_not_in_the_policy_is_refused() {
+    require_netns!();
+    let w = Scenario::new("fwdport")
+        .forward("db", 5432)
+        .echo_upstream(5433)
+        .world()
+        .await;
+    let db = w.name("db");
+    let toml = format!(
+        "resolvers = [\"{}\"]\npeek_timeout_secs = 2\nconnect_timeout_secs = 2\n\
+         [listen]\n\
+         [[forwards]]\nhost = \"{db}\"\nport = 5432\nlisten = \"127.0.0.1:0\"\n\
+         [answers]\ndefault = \"127.0.0.2\"\n",
+        w.dns.addr
+    );
+    let config = agent_sandbox_shared::RouterConfig::from_toml(&toml)
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"))
+        .validate()
+        .unwrap();
+    let proxy = std::sync::Arc::new(agent_sandbox_router::proxy::Proxy::new(&config).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let host = agent_sandbox_shared::HostName::parse(&db).unwrap();
+    let task = tokio::spawn(std::sync::Arc::clone(&proxy).serve_forward(
+        listener,
+        host,
+        5433,
+        stop.clone(),
+    ));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let local = s.local_addr().unwrap();
+    let _ = s.write_all(b"ping").await;
+    let back = tokio::time::timeout(std::time::Duration::from_secs(5), read_to_end(&mut s))
+        .await
+        .expect("refused at once, not relayed");
+    assert!(back.is_empty(), "{back:?}");
+    let (_, reason) = proxy_support::refusal_from(w.mark, local).await;
+    assert!(reason.contains("port 5433 is not allowed"), "{reason}");
+    assert_eq!(w.echo().get(), 0);
+    stop.cancel();
+    let _ = task.await;
+}

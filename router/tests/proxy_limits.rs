@@ -365,3 +365,48 @@ async fn out_of_descriptors_backs_off_then_recovers() {
     }
     eprintln!("recovered after {:?}", start.elapsed());
 }
+
+/// A client sending its ClientHello or request head a byte every 200 ms is still cut off once the
+/// peek timeout has passed: the timeout bounds the whole hello or head, not each read (reviewer R).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dribbling_clients_are_closed_after_the_peek_timeout() {
+    require_netns!();
+    let w = Scenario::new("drip")
+        .host("d")
+        .peek_timeout_secs(1)
+        .echo_upstream(443)
+        .http_upstream()
+        .start()
+        .await;
+    let name = w.name("d");
+    let hello = build::hello_record(&[name.as_bytes()], 0);
+    let head = format!(
+        "GET / HTTP/1.1\r\nHost: {name}\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(64)
+    );
+    for (addr, bytes) in [(w.router.https, hello), (w.router.http, head.into_bytes())] {
+        let (mut r, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        let start = Instant::now();
+        let drip = tokio::spawn(async move {
+            for b in bytes {
+                if wr.write_all(&[b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), r.read_to_end(&mut answer))
+            .await
+            .expect("a dribbling client is closed once the peek timeout has passed")
+            .ok();
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            start.elapsed()
+        );
+        drip.abort();
+    }
+    assert_eq!(w.echo().get(), 0);
+    assert_eq!(w.http().get(), 0);
+}
