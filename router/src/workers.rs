@@ -162,7 +162,11 @@ pub fn run(
     // Once for the process, before any worker: the limit every connection and pipe counts against.
     proxy::raise_fd_limit();
     if let Some(limit) = proxy::descriptor_limit() {
-        match proxy::descriptor_shortfall(limit, config.limits.max_connections.get()) {
+        match proxy::descriptor_shortfall(
+            limit,
+            config.limits.max_connections.get(),
+            proxy::relay::splice_enabled(),
+        ) {
             Some(proxy::Shortfall::Connections(warning)) => tracing::warn!(limit, "{warning}"),
             Some(proxy::Shortfall::Pipes(note)) => tracing::info!(limit, "{note}"),
             None => {}

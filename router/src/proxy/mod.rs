@@ -360,19 +360,25 @@ pub enum Shortfall {
 }
 
 /// What to tell the operator when the soft descriptor limit `limit` is below what `max_connections`
-/// needs ([`descriptors_needed`]); `None` when it holds every relay splicing in both directions.
+/// needs ([`descriptors_needed`]); `None` when it holds every connection, and with `splice` (bulk
+/// directions splice: `AGENT_SANDBOX_SPLICE`) every relay splicing in both directions.
 #[must_use]
-pub fn descriptor_shortfall(limit: u64, max_connections: usize) -> Option<Shortfall> {
-    let (serve, splice) = descriptors_needed(max_connections);
-    if limit >= splice {
+pub fn descriptor_shortfall(limit: u64, max_connections: usize, splice: bool) -> Option<Shortfall> {
+    let (serve, splicing) = descriptors_needed(max_connections);
+    if limit >= splicing || (!splice && limit >= serve) {
         None
     } else if limit < serve {
+        let also = if splice {
+            format!(" ({splicing} for every bulk relay to splice)")
+        } else {
+            String::new()
+        };
         Some(Shortfall::Connections(format!(
             "the descriptor limit (RLIMIT_NOFILE) is {limit}, but {max_connections} connections \
              (--max-connections) need about {serve}: past the limit, new connections wait unserved. \
              Raise the hard limit (ulimit -Hn, systemd's LimitNOFILE, podman's --ulimit nofile=N:N, \
-             the container runtime's default) to at least {serve} ({splice} for every bulk relay to \
-             splice), or lower --max-connections to {}",
+             the container runtime's default) to at least {serve}{also}, or lower --max-connections \
+             to {}",
             limit.saturating_sub(BASE_DESCRIPTORS) / 2
         )))
     } else {
@@ -381,7 +387,7 @@ pub fn descriptor_shortfall(limit: u64, max_connections: usize) -> Option<Shortf
             "the descriptor limit (RLIMIT_NOFILE) is {limit}: {max_connections} connections \
              (--max-connections) fit, with room for {pipes} splice pipes beside them (one per bulk \
              direction, two descriptors each); bulk directions past that copy instead of splicing. A \
-             limit of {splice} lets every one splice"
+             limit of {splicing} lets every one splice"
         )))
     }
 }
@@ -407,35 +413,45 @@ mod tests {
         assert_eq!(descriptors_needed(4096), (8_320, 24_704));
         assert_eq!(descriptors_needed(usize::MAX), (u64::MAX, u64::MAX));
         // Enough for every direction to splice: nothing to say.
-        assert_eq!(descriptor_shortfall(24_704, 4096), None);
-        assert_eq!(descriptor_shortfall(1_048_576, 4096), None);
+        assert_eq!(descriptor_shortfall(24_704, 4096, true), None);
+        assert_eq!(descriptor_shortfall(1_048_576, 4096, true), None);
+        // Copying (the default), every connection fitting is enough.
+        assert_eq!(descriptor_shortfall(8_320, 4096, false), None);
         // Every connection fits, not every pipe: how many pipes do.
-        let Some(Shortfall::Pipes(note)) = descriptor_shortfall(20_000, 4096) else {
+        let Some(Shortfall::Pipes(note)) = descriptor_shortfall(20_000, 4096, true) else {
             panic!("a pipe shortfall");
         };
         assert!(note.contains("room for 5840 splice pipes"), "{note}");
         assert!(note.contains("A limit of 24704"), "{note}");
         assert!(matches!(
-            descriptor_shortfall(8_320, 4096),
+            descriptor_shortfall(8_320, 4096, true),
             Some(Shortfall::Pipes(n)) if n.contains("room for 0 splice pipes")
         ));
         // Not every connection fits: the limit to raise it to, or the cap that fits.
-        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(8_319, 4096) else {
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(8_319, 4096, false) else {
             panic!("a connection shortfall");
         };
         assert!(warning.contains("need about 8320"), "{warning}");
+        assert!(!warning.contains("splice"), "{warning}");
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(8_319, 4096, true) else {
+            panic!("a connection shortfall");
+        };
+        assert!(
+            warning.contains("(24704 for every bulk relay to splice)"),
+            "{warning}"
+        );
         assert!(
             warning.contains("lower --max-connections to 4095"),
             "{warning}"
         );
-        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(1024, 4096) else {
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(1024, 4096, false) else {
             panic!("a connection shortfall");
         };
         assert!(
             warning.contains("lower --max-connections to 448"),
             "{warning}"
         );
-        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(0, 1) else {
+        let Some(Shortfall::Connections(warning)) = descriptor_shortfall(0, 1, false) else {
             panic!("a connection shortfall");
         };
         assert!(

@@ -125,7 +125,7 @@ fn splice(from: libc::c_int, to: libc::c_int, len: usize) -> io::Result<usize> {
 /// splice(2) for bulk directions only when `AGENT_SANDBOX_SPLICE` is set (read once): a switch for
 /// benchmarking the two paths against each other, and for a kernel where splice relays faster than
 /// the large copy.
-fn splice_enabled() -> bool {
+pub(crate) fn splice_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var_os("AGENT_SANDBOX_SPLICE").is_some())
 }
