@@ -7,7 +7,7 @@
 //! The bytes go through user space: through a small buffer while they come in messages, and in reads of
 //! up to 1 MiB once a direction carries bulk data. With `AGENT_SANDBOX_SPLICE` set, bulk directions
 //! go through a pipe with splice(2) instead, never entering user space: on this project's benchmark
-//! machine that relayed one stream 15-25 % slower than the large copy, for about the same CPU
+//! machine that relayed one stream 13-20 % slower than the large copy, for about the same CPU
 //! (BENCHMARKS.md, issue 18), but another kernel may differ. Both work on shared `&TcpStream`s with
 //! tokio's readiness API, so the two directions need no split and no extra task.
 
@@ -32,7 +32,7 @@ const BULK_STREAK: u32 = 4;
 /// The most one read takes once a direction carries bulk data (and does not splice). Fewer, larger reads
 /// and writes: 1 GiB over HTTP cost the router 1,610 ms of CPU through 16 KiB reads on an earlier
 /// machine and 820 ms through 256 KiB; on the benchmark machine now, 256 KiB reads relayed one stream
-/// at 0.87x of a direct connection and 1 MiB reads at 1.04x, for 280 ms of CPU per GiB against 350
+/// at 0.87x of a direct connection and 1 MiB reads at 1.04x, for 280 ms of CPU per GiB against 340
 /// (BENCHMARKS.md, issue 18). The reads go through the thread's buffer (see [`copy_now`]); a direction
 /// holds a buffer of its own only for what its destination did not take at once, and more than
 /// [`COPY_BUF`] of that only within [`BULK_HELD_BUDGET`].
