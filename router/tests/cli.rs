@@ -404,13 +404,19 @@ fn loopback_router(dir: &std::path::Path) -> Command {
 }
 
 /// The router, started with its hard and soft descriptor limits at `nofile` and `--max-connections
-/// max`, until it has logged `what` (or its listeners, which come after the check): the log so far.
-fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
+/// max`, bulk data spliced or not, until it has logged `what` (or its listeners, which come after the
+/// check): the log so far.
+fn start_with_nofile(nofile: u64, max: &str, what: &str, splice: bool) -> String {
     use std::io::BufRead as _;
     use std::os::unix::process::CommandExt as _;
     let dir = temp_dir("nofile");
     let mut command = loopback_router(&dir);
     command.args(["--max-connections", max]);
+    if splice {
+        command.env("AGENT_SANDBOX_SPLICE", "1");
+    } else {
+        command.env_remove("AGENT_SANDBOX_SPLICE");
+    }
     // SAFETY: setrlimit is async-signal-safe; it runs in the child between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -441,24 +447,32 @@ fn start_with_nofile(nofile: u64, max: &str, what: &str) -> String {
     log
 }
 
-/// A descriptor limit too low for `--max-connections` is said at start, with what to raise it to; one
-/// that holds every connection but not every pipe is noted; a large one is not mentioned.
+/// A descriptor limit too low for `--max-connections` is said at start, with what to raise it to; a
+/// large enough one is not mentioned. Bulk data is copied by default (two descriptors a connection); with
+/// `AGENT_SANDBOX_SPLICE` a limit that holds every connection but not every pipe is noted.
 #[test]
 fn a_low_descriptor_limit_is_reported_at_start() {
-    let log = start_with_nofile(512, "1024", "descriptor limit");
-    assert!(
-        log.contains("WARN")
-            && log.contains("the descriptor limit (RLIMIT_NOFILE) is 512, but 1024 connections")
-            && log.contains("need about 2176")
-            && log.contains("lower --max-connections to 192"),
-        "{log}"
-    );
-    let log = start_with_nofile(4000, "1024", "descriptor limit");
+    for splice in [false, true] {
+        let log = start_with_nofile(512, "1024", "descriptor limit", splice);
+        assert!(
+            log.contains("WARN")
+                && log
+                    .contains("the descriptor limit (RLIMIT_NOFILE) is 512, but 1024 connections")
+                && log.contains("need about 2176")
+                && log.contains("lower --max-connections to 192"),
+            "splice {splice}: {log}"
+        );
+    }
+    // Copying: every connection fits, and no pipe is ever asked for.
+    let log = start_with_nofile(4000, "1024", "descriptor limit", false);
+    assert!(log.contains("(https)"), "{log}");
+    assert!(!log.contains("descriptor limit"), "{log}");
+    let log = start_with_nofile(4000, "1024", "descriptor limit", true);
     assert!(
         log.contains("INFO") && log.contains("room for 912 splice pipes"),
         "{log}"
     );
-    let log = start_with_nofile(6272, "1024", "descriptor limit");
+    let log = start_with_nofile(6272, "1024", "descriptor limit", true);
     assert!(log.contains("(https)"), "{log}");
     assert!(!log.contains("descriptor limit"), "{log}");
 }
