@@ -29,6 +29,8 @@ pub struct Line {
     pub tried: String,
     /// What happened.
     pub got: String,
+    /// Not run, and `got` says why (an empty allowlist has no name to resolve).
+    pub skip: bool,
 }
 
 impl Line {
@@ -43,6 +45,15 @@ impl Line {
             ok,
             tried: tried.into(),
             got: got.into(),
+            skip: false,
+        }
+    }
+
+    /// A check that was not run, and why.
+    fn skipped(name: &str, tried: &str, why: &str) -> Line {
+        Line {
+            skip: true,
+            ..Line::new(name, true, tried, why)
         }
     }
 
@@ -50,11 +61,12 @@ impl Line {
     #[must_use]
     pub fn to_json(&self) -> String {
         format!(
-            r#"{{"name":{},"ok":{},"tried":{},"got":{}}}"#,
+            r#"{{"name":{},"ok":{},"tried":{},"got":{}{}}}"#,
             json_string(&self.name),
             self.ok,
             json_string(&self.tried),
-            json_string(&self.got)
+            json_string(&self.got),
+            if self.skip { r#","skip":true"# } else { "" }
         )
     }
 }
@@ -80,28 +92,56 @@ fn json_string(s: &str) -> String {
 /// Every check of `spec`, in a fixed order: the network namespace, DNS, the router, then each target.
 #[must_use]
 pub fn run(spec: &Spec) -> Vec<Line> {
+    // Another DNS server is asked for the allowlisted name (what an agent would want answered), or for
+    // the unlisted one when the allowlist is empty: any answer at all is the failure.
+    let asked = spec
+        .allowed
+        .as_ref()
+        .map_or(spec.unlisted.as_str(), |a| a.name.as_str());
     std::thread::scope(|s| {
-        let tcp: Vec<_> = spec
+        let side: Vec<_> = spec
             .tcp
             .iter()
-            .map(|t| s.spawn(move || tcp_blocked(t)))
-            .collect();
-        let other_dns: Vec<_> = spec
-            .dns
-            .iter()
-            .map(|t| s.spawn(move || dns_unanswered(t, &spec.name)))
+            .map(|t| (t, true))
+            .chain(spec.dns.iter().map(|t| (t, false)))
+            .map(|(t, tcp)| {
+                let check = move || {
+                    if tcp {
+                        tcp_blocked(t)
+                    } else {
+                        dns_unanswered(t, asked)
+                    }
+                };
+                // A thread per target, with a small stack (up to MAX_TARGETS of each kind). No thread
+                // to be had: the check runs in turn, after the others.
+                std::thread::Builder::new()
+                    .stack_size(THREAD_STACK)
+                    .spawn_scoped(s, check)
+                    .map_err(|_| check)
+            })
             .collect();
         let mut out = vec![netns(spec)];
         out.extend(dns_checks(spec));
         out.push(router(spec));
         out.extend(spec.udp.iter().map(udp_sent));
-        out.extend(tcp.into_iter().chain(other_dns).map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Line::new("nested-probe", false, "a check", "it panicked"))
+        out.extend(side.into_iter().map(|h| {
+            match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Line::new("nested-probe", false, "a check", "it panicked")),
+                Err(check) => check(),
+            }
         }));
         out
     })
 }
+
+/// Each target's thread's stack: its check holds a few buffers of at most 1,500 bytes.
+const THREAD_STACK: usize = 128 * 1024;
+
+/// Why the checks that need an allowlisted name are not run.
+const EMPTY_ALLOWLIST: &str =
+    "skipped: the allowlist is empty, so no name resolves in the sandbox and no address of the router's carries a connection (add a name to test these)";
 
 /// The nested container's network namespace is the sandbox's.
 fn netns(spec: &Spec) -> Line {
@@ -131,29 +171,39 @@ fn dns_checks(spec: &Spec) -> Vec<Line> {
                 _ => "no nameserver".to_owned(),
             };
             let tried = format!("the nameserver of {}", spec.resolv_conf.display());
-            return vec![
-                Line::new("nested-dns-allowlisted", false, tried.clone(), got.clone()),
-                Line::new("nested-dns-unlisted", false, tried, got),
-            ];
+            let allowed = match spec.allowed {
+                Some(_) => Line::new("nested-dns-allowlisted", false, tried.clone(), got.clone()),
+                None => Line::skipped("nested-dns-allowlisted", &tried, EMPTY_ALLOWLIST),
+            };
+            return vec![allowed, Line::new("nested-dns-unlisted", false, tried, got)];
         }
     };
-    let tried = format!(
-        "A {} from {} (this container's resolver)",
-        spec.name,
-        server.ip()
-    );
-    let allowed = match dns::ask(server, &spec.name, TIMEOUT) {
-        Ok(a) => {
-            let ok = a.rcode == 0 && a.addresses == [spec.expect];
-            let got = format!(
-                "rcode {}, {} (want {}, as in the sandbox)",
-                a.rcode,
-                list(&a.addresses),
-                spec.expect
+    let allowed = match &spec.allowed {
+        Some(allowed) => {
+            let tried = format!(
+                "A {} from {} (this container's resolver)",
+                allowed.name,
+                server.ip()
             );
-            Line::new("nested-dns-allowlisted", ok, tried, got)
+            match dns::ask(server, &allowed.name, TIMEOUT) {
+                Ok(a) => {
+                    let ok = a.rcode == 0 && a.addresses == [allowed.expect];
+                    let got = format!(
+                        "rcode {}, {} (want {}, as in the sandbox)",
+                        a.rcode,
+                        list(&a.addresses),
+                        allowed.expect
+                    );
+                    Line::new("nested-dns-allowlisted", ok, tried, got)
+                }
+                Err(e) => Line::new("nested-dns-allowlisted", false, tried, dns_error(&e)),
+            }
         }
-        Err(e) => Line::new("nested-dns-allowlisted", false, tried, dns_error(&e)),
+        None => Line::skipped(
+            "nested-dns-allowlisted",
+            &format!("an allowlisted name from {}", server.ip()),
+            EMPTY_ALLOWLIST,
+        ),
     };
     let tried = format!("A {} from {}", spec.unlisted, server.ip());
     let unlisted = match dns::ask(server, &spec.unlisted, TIMEOUT) {
@@ -174,10 +224,17 @@ fn dns_checks(spec: &Spec) -> Vec<Line> {
 /// The allowlisted name's loopback address carries a connection to the router: asked for an unlisted
 /// Host, the router answers 403 naming it (so no upstream is contacted).
 fn router(spec: &Spec) -> Line {
-    let addr = SocketAddr::new(IpAddr::V4(spec.expect), spec.http_port);
+    let Some(allowed) = &spec.allowed else {
+        return Line::skipped(
+            "nested-router",
+            "HTTP to an allowlisted name's address",
+            EMPTY_ALLOWLIST,
+        );
+    };
+    let addr = SocketAddr::new(IpAddr::V4(allowed.expect), spec.http_port);
     let tried = format!(
         "HTTP to {}'s address {addr} with Host {} (the router must answer 403)",
-        spec.name, spec.unlisted
+        allowed.name, spec.unlisted
     );
     let exchange = || -> io::Result<String> {
         let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;

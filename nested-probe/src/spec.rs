@@ -6,12 +6,13 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 /// The one-line synopsis, printed with every usage error.
-pub const USAGE: &str = "Usage: agent-sandbox-nested-probe --netns NS --name NAME --expect IPV4 \
+pub const USAGE: &str = "Usage: agent-sandbox-nested-probe --netns NS [--name NAME --expect IPV4] \
                          --unlisted NAME [--tcp|--udp|--dns KIND,IP,PORT]... [--resolv-conf FILE] \
                          [--dns-port PORT] [--http-port PORT]";
 
-/// The most targets of each kind: the doctor names a handful; more is a broken command line.
-pub const MAX_TARGETS: usize = 64;
+/// The most targets of each kind: the doctor names this host's addresses (at most 160 of them), its
+/// resolvers and the router's side of the egress network; more is a broken command line.
+pub const MAX_TARGETS: usize = 256;
 
 /// What to check. Every address the probe sends to is here or in `resolv_conf`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,10 +20,9 @@ pub struct Spec {
     /// The sandbox's network namespace (`readlink /proc/self/ns/net` there): the nested container's
     /// must be the same one.
     pub netns: String,
-    /// An allowlisted name.
-    pub name: String,
-    /// The loopback address the router's DNS gives `name` in the sandbox.
-    pub expect: Ipv4Addr,
+    /// An allowlisted name and its address in the sandbox; `None` when the allowlist is empty (the
+    /// checks that need one are skipped).
+    pub allowed: Option<Allowed>,
     /// A name that is not on the allowlist (NXDOMAIN from the router).
     pub unlisted: String,
     /// Addresses a TCP connection must not reach.
@@ -37,6 +37,15 @@ pub struct Spec {
     pub dns_port: u16,
     /// The router's HTTP port behind `expect` (80; the tests' own servers listen elsewhere).
     pub http_port: u16,
+}
+
+/// An allowlisted name and the loopback address the router's DNS gives it in the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allowed {
+    /// The name.
+    pub name: String,
+    /// Its address.
+    pub expect: Ipv4Addr,
 }
 
 /// One address that must stay out of reach, and what it is (for the check's name and line).
@@ -94,8 +103,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Invocation, Usa
     let mut unlisted = None;
     let mut spec = Spec {
         netns: String::new(),
-        name: String::new(),
-        expect: Ipv4Addr::UNSPECIFIED,
+        allowed: None,
         unlisted: String::new(),
         tcp: Vec::new(),
         udp: Vec::new(),
@@ -169,8 +177,13 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Invocation, Usa
         }
     }
     spec.netns = netns.ok_or(UsageError::Required("--netns"))?;
-    spec.name = name.ok_or(UsageError::Required("--name"))?;
-    spec.expect = expect.ok_or(UsageError::Required("--expect"))?;
+    spec.allowed = match (name, expect) {
+        (Some(name), Some(expect)) => Some(Allowed { name, expect }),
+        (None, None) => None,
+        // One without the other is a broken command line, not an empty allowlist.
+        (Some(_), None) => return Err(UsageError::Required("--expect")),
+        (None, Some(_)) => return Err(UsageError::Required("--name")),
+    };
     spec.unlisted = unlisted.ok_or(UsageError::Required("--unlisted"))?;
     Ok(Invocation::Run(spec))
 }
@@ -244,7 +257,9 @@ mod tests {
             panic!("not a run");
         };
         assert_eq!(spec.netns, "net:[4026532]");
-        assert_eq!(spec.expect, Ipv4Addr::new(127, 0, 0, 2));
+        let allowed = spec.allowed.expect("an allowlisted name");
+        assert_eq!(allowed.name, "api.example.com");
+        assert_eq!(allowed.expect, Ipv4Addr::new(127, 0, 0, 2));
         assert_eq!(spec.tcp.len(), 2);
         assert_eq!(spec.tcp[1].ip, "2001:db8::1".parse::<IpAddr>().unwrap());
         assert_eq!(spec.dns[0].kind, "host-resolver");
@@ -276,6 +291,22 @@ mod tests {
         assert_eq!(
             parse(args(&BASE[2..])).unwrap_err(),
             UsageError::Required("--netns")
+        );
+        // An empty allowlist: neither --name nor --expect. One without the other is an error.
+        let none: Vec<&str> = [&BASE[..2], &BASE[6..]].concat();
+        let Invocation::Run(spec) = parse(args(&none)).unwrap() else {
+            panic!("not a run");
+        };
+        assert_eq!(spec.allowed, None);
+        let no_expect: Vec<&str> = [&BASE[..4], &BASE[6..]].concat();
+        assert_eq!(
+            parse(args(&no_expect)).unwrap_err(),
+            UsageError::Required("--expect")
+        );
+        let no_name: Vec<&str> = [&BASE[..2], &BASE[4..]].concat();
+        assert_eq!(
+            parse(args(&no_name)).unwrap_err(),
+            UsageError::Required("--name")
         );
         let mut many = BASE.to_vec();
         for _ in 0..=MAX_TARGETS {

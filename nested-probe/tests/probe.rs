@@ -265,3 +265,71 @@ fn a_bad_command_line_exits_2_with_the_reason() {
     );
     assert!(err.contains("Usage: agent-sandbox-nested-probe"), "{err}");
 }
+
+/// An empty allowlist (no `--name`, no `--expect`): the checks that need an allowlisted name say they
+/// were skipped and why, every other check still runs, another DNS server is asked the unlisted name
+/// (an answer of any kind fails), and more targets than the old cap of 64 are each reported.
+#[test]
+fn an_empty_allowlist_skips_what_needs_a_name_and_every_target_is_still_checked() {
+    let dns = dns_server("unlisted.invalid", false);
+    let (_dir, conf) = resolv_conf("empty");
+    let netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut args: Vec<String> = [
+        "--netns",
+        &netns.to_string_lossy(),
+        "--unlisted",
+        "unlisted.invalid",
+        "--resolv-conf",
+        conf.to_str().unwrap(),
+        "--dns-port",
+        &dns.to_string(),
+        "--dns",
+        &format!("host-resolver,127.0.0.1,{dns}"),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    // 200 loopback addresses (127.0.1.0 - 127.0.1.199), each refused at once: reached.
+    for i in 0..200 {
+        args.push("--tcp".into());
+        args.push(format!("host,127.0.1.{i},{closed}"));
+    }
+    let out = Command::new(PROBE).args(&args).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for skipped in ["nested-dns-allowlisted", "nested-router"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("\"name\":\"{skipped}\"")))
+            .unwrap_or_else(|| panic!("no {skipped} in {stdout}"));
+        assert!(
+            line.contains("\"skip\":true") && line.contains("the allowlist is empty"),
+            "{line}"
+        );
+    }
+    assert!(!stdout.contains("web.test"), "{stdout}");
+    let lines = probe(&args);
+    assert!(ok_of(&lines, "nested-netns"), "{lines:?}");
+    assert!(ok_of(&lines, "nested-dns-unlisted"), "{lines:?}");
+    // The other server was asked the unlisted name, and its NXDOMAIN is an answer: it got there.
+    let other = lines
+        .iter()
+        .find(|l| l.0 == "nested-dns-host-resolver-127.0.0.1")
+        .unwrap();
+    assert!(
+        !other.1 && other.2.contains("answered: rcode 3"),
+        "{other:?}"
+    );
+    let tcp: Vec<_> = lines
+        .iter()
+        .filter(|l| l.0.starts_with("nested-tcp-host-"))
+        .collect();
+    assert_eq!(tcp.len(), 200, "{lines:?}");
+    assert!(tcp.iter().all(|l| !l.1), "{tcp:?}");
+    // Only the skip lines carry the field.
+    assert_eq!(stdout.matches("\"skip\"").count(), 2, "{stdout}");
+}

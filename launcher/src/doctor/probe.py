@@ -23,8 +23,15 @@ SPEC = json.loads(sys.argv[1])
 LOCK = threading.Lock()
 
 
-def emit(name, ok, tried, got, warn=False):
+# Why the checks that need an allowlisted name are skipped when the allowlist is empty.
+EMPTY_ALLOWLIST = ("skipped: the allowlist is empty, so no name resolves in the sandbox and no address of the "
+                   "router's carries a connection (add a name to test these)")
+
+
+def emit(name, ok, tried, got, warn=False, skip=False):
     line = {"name": name, "ok": bool(ok), "tried": tried, "got": got, "warn": warn}
+    if skip:
+        line["skip"] = True
     with LOCK:
         print(json.dumps(line), flush=True)
 
@@ -157,12 +164,17 @@ def icmp_from(s):
 
 def check_dns(router):
     name, expect, unlisted = SPEC["name"], SPEC["expect"], SPEC["unlisted"]
-    try:
-        rcode, addrs = dns_udp(router, name)
-        emit("dns-allowlisted", rcode == 0 and addrs == [expect],
-             f"A {name} from the router {router}", f"rcode {rcode}, {addrs or 'no address'} (want {expect})")
-    except Exception as e:  # noqa: BLE001 - every failure is the answer
-        emit("dns-allowlisted", False, f"A {name} from the router {router}", describe(e))
+    if not name:
+        emit("dns-allowlisted", True, f"an allowlisted name from the router {router}", EMPTY_ALLOWLIST,
+             skip=True)
+    else:
+        try:
+            rcode, addrs = dns_udp(router, name)
+            emit("dns-allowlisted", rcode == 0 and addrs == [expect],
+                 f"A {name} from the router {router}",
+                 f"rcode {rcode}, {addrs or 'no address'} (want {expect})")
+        except Exception as e:  # noqa: BLE001 - every failure is the answer
+            emit("dns-allowlisted", False, f"A {name} from the router {router}", describe(e))
     for proto, ask in (("udp", dns_udp), ("tcp", dns_tcp)):
         tried = f"A {unlisted} from the router over {proto.upper()}"
         try:
@@ -219,7 +231,10 @@ def other_dns(kind, ip, port):
     answer (from whatever address: a host answers from the one its route picks, so the socket is not
     connected), an ICMP error (reported through IP_RECVERR), or silence."""
     name = f"dns-{kind}-{ip}"
-    tried = f"A {SPEC['name']} from {kind} {ip} port {port} (not the router)"
+    # The allowlisted name (what an agent would want answered), or the unlisted one when the allowlist is
+    # empty: any answer at all is the failure.
+    asked = SPEC["name"] or SPEC["unlisted"]
+    tried = f"A {asked} from {kind} {ip} port {port} (not the router)"
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     qid = int.from_bytes(os.urandom(2), "big")
     try:
@@ -231,7 +246,7 @@ def other_dns(kind, ip, port):
     with s:
         s.settimeout(TIMEOUT)
         try:
-            s.sendto(query(SPEC["name"], qid), (ip, port))
+            s.sendto(query(asked, qid), (ip, port))
         except OSError as e:
             emit(name, blocked(e), tried, describe(e))
             return
@@ -260,6 +275,12 @@ def hello(sni):
 
 def check_refusals():
     ip, unlisted = SPEC["expect"], SPEC["unlisted"]
+    if not ip:
+        emit("tls-unlisted-sni", True, f"TLS ClientHello with SNI {unlisted} to an allowlisted name's address",
+             EMPTY_ALLOWLIST, skip=True)
+        emit("http-unlisted-host", True, f"HTTP GET with Host {unlisted} to an allowlisted name's address",
+             EMPTY_ALLOWLIST, skip=True)
+        return
     tried = f"TLS ClientHello with SNI {unlisted} to {ip}:443"
     try:
         with socket.create_connection((ip, 443), timeout=TIMEOUT) as s:
@@ -442,7 +463,8 @@ def check_nested():
          f"a nested container ran the probe ({len(lines)} checks below; {', '.join(took)})" if ran
          else f"podman run: exit {r.returncode}: {last_line(r.stderr)}")
     for item in lines:
-        emit(item["name"], item.get("ok") is True, str(item.get("tried", "")), str(item.get("got", "")))
+        emit(item["name"], item.get("ok") is True, str(item.get("tried", "")), str(item.get("got", "")),
+             skip=item.get("skip") is True)
 
 
 # The common name's start of a session CA's (launcher/src/inject/ca.rs): a name whose certificate it

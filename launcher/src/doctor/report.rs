@@ -250,7 +250,7 @@ mod tests {
         // A probe line as a compromised sandbox could print it: clear screen, set the window title,
         // a bidirectional override and a C1 CSI, in the name and in both parts of the detail.
         let stdout = "{\"name\":\"x\\u001b[2J\",\"ok\":false,\"tried\":\"\\u001b]0;owned\\u0007\",\"got\":\"\\u202etxt.exe \\u009b31m\\r\"}";
-        let checks = crate::doctor::selftest::parse_output(stdout, &[], &[]);
+        let checks = crate::doctor::selftest::parse_output(stdout, &[], &[], false);
         assert_eq!(checks.len(), 1);
         assert!(checks[0].name.contains('\u{1b}'), "{checks:?}");
         let line = Report::line(&checks[0]);

@@ -62,9 +62,9 @@ pub struct NestedSpec {
 /// What the probe is told: where to look and what to expect. Serialized as its one argument.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct ProbeSpec {
-    /// An allowlisted name.
+    /// An allowlisted name; empty when the allowlist is (the checks that need one are skipped).
     pub name: String,
-    /// The loopback address the router's DNS gives it in the sandbox.
+    /// The loopback address the router's DNS gives it in the sandbox; empty with `name`.
     pub expect: String,
     /// A name that is not on the allowlist (under `.invalid`, so nothing anywhere resolves it).
     pub unlisted: String,
@@ -110,6 +110,9 @@ struct ProbeLine {
     /// Not a breach but a feature that does not work here (nested podman that cannot start).
     #[serde(default)]
     warn: bool,
+    /// Not run (an empty allowlist has no name to resolve); `got` says why.
+    #[serde(default)]
+    skip: bool,
 }
 
 /// The checks every probe run reports (beside the per-address ones).
@@ -128,11 +131,27 @@ pub const ALWAYS: &[&str] = &[
     "no-setuid",
 ];
 
+/// The checks that need an allowlisted name, which the probes skip when the allowlist is empty.
+pub const NEED_A_NAME: &[&str] = &[
+    "dns-allowlisted",
+    "tls-unlisted-sni",
+    "http-unlisted-host",
+    "nested-dns-allowlisted",
+    "nested-router",
+];
+
 /// Reads the probe's output into checks; a check the probe should have reported and did not is a
 /// failure. The nested probe's checks (`nested`) are expected once `nested-podman` says the nested
-/// container ran; when it did not, that one line says why.
+/// container ran; when it did not, that one line says why. A line that says it was skipped counts as
+/// skipped only when `may_skip` (the allowlist is empty) and the check is one of [`NEED_A_NAME`];
+/// any other skip is a failure, as a line that cannot be trusted.
 #[must_use]
-pub fn parse_output(stdout: &str, expected: &[String], nested: &[String]) -> Vec<Check> {
+pub fn parse_output(
+    stdout: &str,
+    expected: &[String],
+    nested: &[String],
+    may_skip: bool,
+) -> Vec<Check> {
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
     let mut nested_ran = false;
@@ -143,7 +162,17 @@ pub fn parse_output(stdout: &str, expected: &[String], nested: &[String]) -> Vec
         seen.insert(l.name.clone());
         nested_ran |= l.name == NESTED_PODMAN && l.ok;
         let detail = format!("{}: {}", l.tried, l.got);
-        out.push(if l.ok {
+        let check = if l.skip && may_skip && NEED_A_NAME.contains(&l.name.as_str()) {
+            Check::skip(Section::Containment, &l.name, detail)
+        } else if l.skip {
+            Check::bad(
+                Section::Containment,
+                Status::Fail,
+                &l.name,
+                format!("{detail} (a skip the doctor did not ask for)"),
+                fix_for(&l.name),
+            )
+        } else if l.ok {
             Check::pass(Section::Containment, &l.name, detail)
         } else if l.warn {
             Check::bad(
@@ -161,7 +190,8 @@ pub fn parse_output(stdout: &str, expected: &[String], nested: &[String]) -> Vec
                 detail,
                 fix_for(&l.name),
             )
-        });
+        };
+        out.push(check);
     }
     let nested = nested.iter().filter(|_| nested_ran);
     for name in expected.iter().chain(nested) {
@@ -310,6 +340,7 @@ fn run_inner(
     );
     let mut expected: Vec<String> = ALWAYS.iter().map(|s| (*s).to_owned()).collect();
     let mut nested_expected = Vec::new();
+    let mut may_skip = false;
     let output = session::run_probe(
         podman,
         settings,
@@ -322,7 +353,7 @@ fn run_inner(
             let first = allowlist.entries().first().map(|e| e.name().as_str());
             // An empty allowlist has no name to look up (and nothing to reach).
             let lookup = first.map(|n| Lookup::start(n, &options.upstream_hosts));
-            let name = first.unwrap_or("allowlist-is-empty.invalid").to_owned();
+            let name = first.map(str::to_owned);
             let exact: Vec<String> = allowlist
                 .entries()
                 .iter()
@@ -338,6 +369,7 @@ fn run_inner(
                 nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
             };
             let spec = spec(podman, t, aim, lookup, &mut extra);
+            may_skip = spec.name.is_empty();
             expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
             expected.extend(
                 spec.udp
@@ -358,7 +390,7 @@ fn run_inner(
     let output = output.map_err(anyhow::Error::new)?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut checks = extra;
-    checks.extend(parse_output(&stdout, &expected, &nested_expected));
+    checks.extend(parse_output(&stdout, &expected, &nested_expected, may_skip));
     if !output.status.success() && checks.iter().all(|c| c.status == Status::Pass) {
         checks.push(Check::bad(
             Section::Containment,
@@ -390,10 +422,21 @@ fn run_inner(
     Ok(checks)
 }
 
+/// The most of this host's own addresses the probe tries (each is a TCP, a UDP and a DNS target). With
+/// the resolvers, the router's egress side, the egress gateways and the upstream's addresses, each of
+/// the nested probe's lists stays within its `MAX_TARGETS`.
+const MAX_HOST_ADDRESSES: usize = 160;
+
+/// The most of this host's resolvers the probe asks directly (resolv.conf's resolver uses 3).
+const MAX_RESOLVERS: usize = 32;
+
+/// The most of the egress network's gateways tried.
+const MAX_GATEWAYS: usize = 8;
+
 /// What the probe is aimed with, beside what the session tells.
 struct Aim {
-    /// The first allowlisted name.
-    name: String,
+    /// The first allowlisted name; `None` when the allowlist is empty.
+    name: Option<String>,
     /// The exact allowlisted names to reach (`--reach`), or none.
     exact: Vec<String>,
     /// The ports of this host's TCP listeners.
@@ -414,11 +457,15 @@ fn spec(
     lookup: Option<Lookup>,
     extra: &mut Vec<Check>,
 ) -> ProbeSpec {
-    let expect = t
-        .loopbacks
-        .iter()
-        .find(|l| l.names == aim.name)
-        .or_else(|| t.loopbacks.iter().find(|l| l.names == "*"))
+    let expect = aim
+        .name
+        .as_ref()
+        .and_then(|name| {
+            t.loopbacks
+                .iter()
+                .find(|l| l.names == *name)
+                .or_else(|| t.loopbacks.iter().find(|l| l.names == "*"))
+        })
         .map(|l| l.address.to_string())
         .unwrap_or_default();
     let mut spec = ProbeSpec {
@@ -428,7 +475,21 @@ fn spec(
         reach: aim.exact,
         ..ProbeSpec::default()
     };
-    for a in host_addresses() {
+    let addresses = host_addresses();
+    if addresses.len() > MAX_HOST_ADDRESSES {
+        extra.push(Check::bad(
+            Section::Containment,
+            Status::Warn,
+            "host-addresses",
+            format!(
+                "this host has {} addresses: the first {MAX_HOST_ADDRESSES} are tried from the sandbox, the other {} are not",
+                addresses.len(),
+                addresses.len() - MAX_HOST_ADDRESSES
+            ),
+            "the addresses left out are not proven unreachable: try them by hand from `agent-sandbox --exec bash` (each must fail at once), or run the doctor where the host has fewer",
+        ));
+    }
+    for a in addresses.into_iter().take(MAX_HOST_ADDRESSES) {
         // Without an IPv6 listener, an IPv6 address is still tried, at the IPv4 listener's port: the
         // probe counts a refused connection as one that reached this host.
         let tcp_port = aim.tcp_ports.for_address(a).unwrap_or(aim.tcp_ports.v4);
@@ -443,7 +504,7 @@ fn spec(
         }
         spec.dns.push(("host".into(), a.to_string(), 53));
     }
-    for a in aim.host_resolvers {
+    for a in aim.host_resolvers.into_iter().take(MAX_RESOLVERS) {
         spec.dns.push(("host-resolver".into(), a.to_string(), 53));
     }
     // A target that cannot be learned is said, never left out in silence.
@@ -474,7 +535,8 @@ fn spec(
         });
     match gateways {
         Ok(gateways) if !gateways.is_empty() => {
-            for g in gateways {
+            // A network has a subnet or two (IPv4, IPv6); more is not a network podman made.
+            for g in gateways.into_iter().take(MAX_GATEWAYS) {
                 spec.tcp.push(("egress-gateway".into(), g.to_string(), 443));
                 spec.dns.push(("egress-gateway".into(), g.to_string(), 53));
             }
@@ -500,13 +562,15 @@ fn spec(
         Err(why) => extra.push(Check::skip(
             Section::Containment,
             "upstream-address",
-            format!(
-                "this host has no address for {} ({why}), so a direct connection to it is not tried",
-                aim.name
-            ),
+            match &aim.name {
+                Some(name) => format!(
+                    "this host has no address for {name} ({why}), so a direct connection to it is not tried"
+                ),
+                None => "the allowlist is empty: no allowlisted name's address to try directly".to_owned(),
+            },
         )),
     }
-    spec.name = aim.name;
+    spec.name = aim.name.unwrap_or_default();
     spec.expect = expect;
     // Nested podman needs a user namespace of the sandbox user's own: a non-root user (keep-id under
     // rootless podman, the sudo user or the project's owner under rootful podman).
@@ -532,15 +596,13 @@ fn spec(
 /// the sandbox's own probe. `probe.py` adds `--netns`.
 #[must_use]
 pub fn nested_command(spec: &ProbeSpec) -> Vec<String> {
-    let mut c = vec![
-        crate::images::NESTED_PROBE_PATH.to_owned(),
-        "--name".into(),
-        spec.name.clone(),
-        "--expect".into(),
-        spec.expect.clone(),
-        "--unlisted".into(),
-        spec.unlisted.clone(),
-    ];
+    let mut c = vec![crate::images::NESTED_PROBE_PATH.to_owned()];
+    // Both or neither: without an allowlisted name the nested probe skips what needs one.
+    if !spec.name.is_empty() && !spec.expect.is_empty() {
+        c.extend(["--name".into(), spec.name.clone()]);
+        c.extend(["--expect".into(), spec.expect.clone()]);
+    }
+    c.extend(["--unlisted".into(), spec.unlisted.clone()]);
     for (option, list) in [
         ("--tcp", &spec.tcp),
         ("--udp", &spec.udp),
@@ -601,7 +663,7 @@ noise from python
             "no-setuid".to_owned(),
             "host-mounts".to_owned(),
         ];
-        let checks = parse_output(out, &expected, &["nested-netns".to_owned()]);
+        let checks = parse_output(out, &expected, &["nested-netns".to_owned()], false);
         assert_eq!(checks.len(), 3);
         assert_eq!(checks[0].status, Status::Pass);
         assert_eq!(checks[0].detail, "A x: 127.0.0.2");
@@ -645,7 +707,7 @@ noise from python
         let expected = vec![NESTED_PODMAN.to_owned()];
         // It did not run: one line says why, and nothing else is demanded.
         let out = r#"{"name":"nested-podman","ok":false,"tried":"podman run","got":"exit 125: x"}"#;
-        let checks = parse_output(out, &expected, &nested);
+        let checks = parse_output(out, &expected, &nested, false);
         assert_eq!(checks.len(), 1);
         assert_eq!(checks[0].status, Status::Fail);
         assert!(checks[0]
@@ -656,7 +718,7 @@ noise from python
         // It ran: every one of its checks must be there, and a reached target is a breach.
         let out = r#"{"name":"nested-podman","ok":true,"tried":"podman run","got":"ran"}
 {"name":"nested-tcp-host-10.0.0.5","ok":false,"tried":"TCP","got":"connected"}"#;
-        let checks = parse_output(out, &expected, &nested);
+        let checks = parse_output(out, &expected, &nested, false);
         let status = |n: &str| checks.iter().find(|c| c.name == n).map(|c| c.status);
         assert_eq!(status(NESTED_PODMAN), Some(Status::Pass));
         assert_eq!(status("nested-tcp-host-10.0.0.5"), Some(Status::Fail));
@@ -694,8 +756,9 @@ noise from python
         else {
             panic!("not a run");
         };
-        assert_eq!(parsed.name, spec.name);
-        assert_eq!(parsed.expect.to_string(), spec.expect);
+        let allowed = parsed.allowed.expect("the allowlisted name");
+        assert_eq!(allowed.name, spec.name);
+        assert_eq!(allowed.expect.to_string(), spec.expect);
         assert_eq!(parsed.tcp[1].ip.to_string(), "2001:db8::7");
         assert_eq!(
             (parsed.tcp.len(), parsed.udp.len(), parsed.dns.len()),
@@ -713,6 +776,66 @@ noise from python
                 "nested-tcp-upstream-2001:db8::7",
                 "nested-dns-host-resolver-10.0.0.1",
             ]
+        );
+    }
+
+    #[test]
+    fn every_target_list_fits_the_nested_probe() {
+        // Host addresses, resolvers, the router's egress side, the gateways and the upstream's
+        // addresses: the longest list (DNS) the nested probe is given stays within its cap.
+        const {
+            assert!(
+                MAX_HOST_ADDRESSES
+                    + MAX_RESOLVERS
+                    + 1
+                    + MAX_GATEWAYS
+                    + super::super::host::MAX_UPSTREAM_ADDRESSES
+                    <= agent_sandbox_nested_probe::spec::MAX_TARGETS
+            )
+        };
+    }
+
+    #[test]
+    fn an_empty_allowlist_is_a_nested_command_without_a_name_and_only_its_skips_are_honoured() {
+        let spec = ProbeSpec {
+            unlisted: "agent-sandbox-doctor-1.invalid".into(),
+            tcp: vec![("host".into(), "10.0.0.5".into(), 4100)],
+            ..ProbeSpec::default()
+        };
+        let command = nested_command(&spec);
+        assert!(
+            !command.iter().any(|a| a == "--name" || a == "--expect"),
+            "{command:?}"
+        );
+        let args = command[1..]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .chain(["--netns".into(), "net:[1]".into()]);
+        let agent_sandbox_nested_probe::spec::Invocation::Run(parsed) =
+            agent_sandbox_nested_probe::spec::parse(args).unwrap()
+        else {
+            panic!("not a run");
+        };
+        assert_eq!(parsed.allowed, None);
+        let out = r#"{"name":"dns-allowlisted","ok":true,"tried":"a name","got":"skipped: empty","skip":true}
+{"name":"nested-router","ok":true,"tried":"HTTP","got":"skipped: empty","skip":true}
+{"name":"no-setuid","ok":true,"tried":"find","got":"skipped?","skip":true}"#;
+        let expected = vec!["dns-allowlisted".to_owned(), "no-setuid".to_owned()];
+        let status =
+            |checks: &[Check], n: &str| checks.iter().find(|c| c.name == n).map(|c| c.status);
+        // The allowlist is empty: the checks that need a name are skipped; a skip of any other
+        // check is a line that cannot be trusted.
+        let checks = parse_output(out, &expected, &[], true);
+        assert_eq!(status(&checks, "dns-allowlisted"), Some(Status::Skip));
+        assert_eq!(status(&checks, "nested-router"), Some(Status::Skip));
+        assert_eq!(status(&checks, "no-setuid"), Some(Status::Fail));
+        // With a name on the allowlist, no skip counts.
+        let checks = parse_output(out, &expected, &[], false);
+        assert_eq!(status(&checks, "dns-allowlisted"), Some(Status::Fail));
+        assert_eq!(status(&checks, "nested-router"), Some(Status::Fail));
+        assert!(
+            checks.iter().all(|c| c.status == Status::Fail),
+            "{checks:?}"
         );
     }
 

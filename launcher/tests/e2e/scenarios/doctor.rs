@@ -275,6 +275,55 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ),
     );
 
+    // An empty allowlist (valid: nothing gets out) is no failure: the checks that need an allowlisted
+    // name say they were skipped and why, and every other containment check still runs and passes.
+    let empty_list = dir.join("empty-allowlist");
+    fs::write(&empty_list, "# nothing\n").unwrap();
+    let mut empty_env = env.to_vec();
+    empty_env.push(("AGENT_SANDBOX_ALLOWLIST", empty_list.display().to_string()));
+    let empty = s.launch_env(&dir, &["doctor", "--json"], &empty_env);
+    let checks = checks_of(&empty.stdout);
+    let failed: Vec<_> = checks.iter().filter(|c| c["status"] == "fail").collect();
+    s.checks.check(
+        empty.code == Some(0) && failed.is_empty(),
+        format!(
+            "[{name}] an empty allowlist: doctor passes: {failed:?} (exit {:?}) {}",
+            empty.code, empty.stderr
+        ),
+    );
+    let mut need_a_name = vec!["dns-allowlisted", "tls-unlisted-sni", "http-unlisted-host"];
+    if !s.mode.rootful() {
+        need_a_name.extend(["nested-dns-allowlisted", "nested-router"]);
+    }
+    for want in need_a_name {
+        let c = checks.iter().find(|c| c["name"] == want);
+        s.checks.check(
+            c.is_some_and(|c| {
+                c["status"] == "skip"
+                    && c["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("the allowlist is empty"))
+            }),
+            format!("[{name}] an empty allowlist: `{want}` skipped, saying why: {c:?}"),
+        );
+    }
+    for want in ["dns-unlisted-udp", "dns-unlisted-tcp", "no-capabilities"] {
+        let status = status_of(&checks, want);
+        s.checks.check(
+            status == Some("pass"),
+            format!("[{name}] an empty allowlist: `{want}` still runs and passes: {status:?}"),
+        );
+    }
+    s.checks.check(
+        checks.iter().any(|c| {
+            c["status"] == "pass"
+                && c["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("tcp-host-"))
+        }),
+        format!("[{name}] an empty allowlist: this host's addresses are still tried"),
+    );
+
     // 2. Broken set-ups: ✗ with the fix, non-zero exit.
     // A PATH with a shell (the suite starts the launcher through `sh`) and no podman.
     let no_podman = dir.join("no-podman-bin");
