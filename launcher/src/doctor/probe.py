@@ -275,11 +275,15 @@ def hello(sni):
 
 def check_refusals():
     ip, unlisted = SPEC["expect"], SPEC["unlisted"]
-    if not ip:
+    if not SPEC["name"]:
         emit("tls-unlisted-sni", True, f"TLS ClientHello with SNI {unlisted} to an allowlisted name's address",
              EMPTY_ALLOWLIST, skip=True)
         emit("http-unlisted-host", True, f"HTTP GET with Host {unlisted} to an allowlisted name's address",
              EMPTY_ALLOWLIST, skip=True)
+        return
+    if not ip:
+        for check in ("tls-unlisted-sni", "http-unlisted-host"):
+            emit(check, False, f"the address of {SPEC['name']} in the sandbox", "the session gave it none")
         return
     tried = f"TLS ClientHello with SNI {unlisted} to {ip}:443"
     try:

@@ -131,6 +131,13 @@ pub const ALWAYS: &[&str] = &[
     "no-setuid",
 ];
 
+/// Whether the probe's skips of [`NEED_A_NAME`] count: only where it was aimed with no name and the
+/// session itself allows nothing (no name has an address in the sandbox). An allowlist that read as
+/// empty while the session's router holds names (edited while the doctor ran) is not one.
+fn skips_allowed(spec: &ProbeSpec, t: &ProbeTarget) -> bool {
+    spec.name.is_empty() && t.loopbacks.is_empty()
+}
+
 /// The checks that need an allowlisted name, which the probes skip when the allowlist is empty.
 pub const NEED_A_NAME: &[&str] = &[
     "dns-allowlisted",
@@ -349,7 +356,18 @@ fn run_inner(
         |t| {
             progress("session up; probing from inside the sandbox");
             // Read only now: the session's checks create the allowlist from the default when it is missing.
-            let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_default();
+            // A file that no longer loads (edited while the doctor runs) is not an empty allowlist: the
+            // session's router has the one it started with, so the checks that need a name fail.
+            let allowlist = Allowlist::load(&settings.allowlist).unwrap_or_else(|e| {
+                extra.push(Check::bad(
+                    Section::Containment,
+                    Status::Fail,
+                    "allowlist-again",
+                    format!("the allowlist, read again once the session was up to aim the probe: {e}"),
+                    "the allowlist changed while the doctor ran: fix it (`agent-sandbox doctor --no-session` names the line) and run the doctor again",
+                ));
+                Allowlist::default()
+            });
             let first = allowlist.entries().first().map(|e| e.name().as_str());
             // An empty allowlist has no name to look up (and nothing to reach).
             let lookup = first.map(|n| Lookup::start(n, &options.upstream_hosts));
@@ -369,7 +387,7 @@ fn run_inner(
                 nested_image: format!("localhost/agent-sandbox-doctor-probe:{}", project.1),
             };
             let spec = spec(podman, t, aim, lookup, &mut extra);
-            may_skip = spec.name.is_empty();
+            may_skip = skips_allowed(&spec, t);
             expected.extend(spec.tcp.iter().map(|(k, ip, _)| format!("tcp-{k}-{ip}")));
             expected.extend(
                 spec.udp
@@ -391,7 +409,7 @@ fn run_inner(
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut checks = extra;
     checks.extend(parse_output(&stdout, &expected, &nested_expected, may_skip));
-    if !output.status.success() && checks.iter().all(|c| c.status == Status::Pass) {
+    if !output.status.success() && checks.iter().all(|c| c.status != Status::Fail) {
         checks.push(Check::bad(
             Section::Containment,
             Status::Fail,
@@ -597,8 +615,9 @@ fn spec(
 #[must_use]
 pub fn nested_command(spec: &ProbeSpec) -> Vec<String> {
     let mut c = vec![crate::images::NESTED_PROBE_PATH.to_owned()];
-    // Both or neither: without an allowlisted name the nested probe skips what needs one.
-    if !spec.name.is_empty() && !spec.expect.is_empty() {
+    // Without an allowlisted name the nested probe skips what needs one; a name without an address
+    // is a command line it refuses (so the nested checks fail), never a skip.
+    if !spec.name.is_empty() {
         c.extend(["--name".into(), spec.name.clone()]);
         c.extend(["--expect".into(), spec.expect.clone()]);
     }
@@ -777,6 +796,33 @@ noise from python
                 "nested-dns-host-resolver-10.0.0.1",
             ]
         );
+    }
+
+    #[test]
+    fn skips_count_only_where_the_session_allows_nothing() {
+        let mut t = ProbeTarget {
+            router: "r".into(),
+            router_ip: std::net::Ipv4Addr::new(10, 89, 0, 2),
+            loopbacks: Vec::new(),
+            rootless: true,
+            sandbox_uid: 1000,
+            project: "/p".into(),
+            home: "/h".into(),
+        };
+        let empty = ProbeSpec::default();
+        assert!(skips_allowed(&empty, &t));
+        let named = ProbeSpec {
+            name: "web.test".into(),
+            ..ProbeSpec::default()
+        };
+        assert!(!skips_allowed(&named, &t));
+        // The allowlist read as empty, but the session's router holds a name.
+        t.loopbacks
+            .push(agent_sandbox_shared::plan::LoopbackAssignment {
+                address: std::net::Ipv4Addr::new(127, 0, 0, 2),
+                names: "web.test".into(),
+            });
+        assert!(!skips_allowed(&empty, &t));
     }
 
     #[test]
