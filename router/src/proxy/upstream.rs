@@ -89,12 +89,13 @@ impl DialError {
     }
 }
 
-/// Why an address may never be dialled, or `None` when it may. `own` holds the router's own addresses.
+/// Why an address may never be dialled, or `None` when it may. `own` holds the router's own addresses
+/// and the next hops of its routes ([`OwnAddresses`]).
 #[must_use]
 pub fn forbidden_reason(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static str> {
     let ip = normalise(ip);
     if own.contains(&ip) {
-        return Some("one of the router's own addresses");
+        return Some("one of the router's own addresses, or a gateway its routes go through");
     }
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
@@ -186,6 +187,65 @@ pub fn normalise(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// [`local_addresses`] and [`next_hops`]: what a name may never resolve to for the router to dial it.
+fn own_and_next_hops() -> std::io::Result<HashSet<IpAddr>> {
+    let mut set = local_addresses()?;
+    set.extend(next_hops());
+    Ok(set)
+}
+
+/// The most of a routing table read from /proc (a router with a full table has no business here; the
+/// gateway of a pod or a session's egress network is among the first lines).
+const MAX_ROUTES_TEXT: u64 = 1024 * 1024;
+
+/// The next hops of this network namespace's routes (`/proc/net/route`, `/proc/net/ipv6_route`): the
+/// gateways the router sends through. On a session's egress network that is the host, in a pod the
+/// node (or a link-local address, refused anyway): an allowlisted name whose DNS points there would
+/// reach the host's own listeners. A table that cannot be read (no IPv6) adds nothing.
+#[must_use]
+pub fn next_hops() -> HashSet<IpAddr> {
+    let read = |path: &str| -> String {
+        let mut text = String::new();
+        if let Ok(f) = std::fs::File::open(path) {
+            let _ = std::io::Read::read_to_string(
+                &mut std::io::Read::take(f, MAX_ROUTES_TEXT),
+                &mut text,
+            );
+        }
+        text
+    };
+    let mut out = route_gateways_v4(&read("/proc/net/route"));
+    out.extend(route_gateways_v6(&read("/proc/net/ipv6_route")));
+    out
+}
+
+/// The non-zero gateways of `/proc/net/route` (a header line, then `Iface Destination Gateway ...`,
+/// each address as the hexadecimal of its in-memory bytes read as a native integer).
+fn route_gateways_v4(text: &str) -> HashSet<IpAddr> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(2))
+        .filter_map(|hex| u32::from_str_radix(hex, 16).ok())
+        .filter(|&v| v != 0)
+        .map(|v| IpAddr::V4(Ipv4Addr::from(v.to_ne_bytes())))
+        .collect()
+}
+
+/// The non-zero next hops of `/proc/net/ipv6_route` (`dest plen src plen next_hop ...`, each address
+/// as 32 hexadecimal digits in network order).
+fn route_gateways_v6(text: &str) -> HashSet<IpAddr> {
+    text.lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .filter_map(|hex| {
+            u128::from_str_radix(hex, 16)
+                .ok()
+                .filter(|_| hex.len() == 32)
+        })
+        .filter(|&v| v != 0)
+        .map(|v| normalise(IpAddr::V6(Ipv6Addr::from(v))))
+        .collect()
+}
+
 /// The addresses of every local interface (and each interface's IPv4 broadcast address), read with
 /// getifaddrs(3).
 pub fn local_addresses() -> std::io::Result<HashSet<IpAddr>> {
@@ -243,8 +303,8 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     }
 }
 
-/// The router's own addresses, re-read at most every [`OWN_ADDRESSES_TTL`] (interfaces can gain
-/// addresses after start), plus the listeners' addresses.
+/// The router's own addresses and the next hops of its routes ([`next_hops`]), re-read at most every
+/// [`OWN_ADDRESSES_TTL`] (interfaces can gain addresses after start), plus the listeners' addresses.
 #[derive(Debug)]
 struct OwnAddresses {
     /// Addresses of the listeners this router serves (added as each serve_* starts).
@@ -257,7 +317,7 @@ impl OwnAddresses {
     fn new() -> std::io::Result<OwnAddresses> {
         Ok(OwnAddresses {
             listeners: Mutex::new(HashSet::new()),
-            snapshot: Mutex::new((Instant::now(), Arc::new(local_addresses()?))),
+            snapshot: Mutex::new((Instant::now(), Arc::new(own_and_next_hops()?))),
         })
     }
 
@@ -265,7 +325,7 @@ impl OwnAddresses {
     fn current(&self) -> Arc<HashSet<IpAddr>> {
         let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
         if snap.0.elapsed() >= OWN_ADDRESSES_TTL {
-            match local_addresses() {
+            match own_and_next_hops() {
                 Ok(mut set) => {
                     set.extend(
                         self.listeners
@@ -631,6 +691,31 @@ mod tests {
         drop(listener);
         let err = dial(addr).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    }
+
+    #[test]
+    fn next_hops_are_read_from_both_routing_tables() {
+        // 10.89.0.1 as /proc/net/route prints it on this machine's byte order.
+        let gw = u32::from_ne_bytes([10, 89, 0, 1]);
+        let v4 = format!(
+            "Iface\tDestination\tGateway \tFlags\n\
+             eth0\t00000000\t{gw:08X}\t0003\n\
+             eth0\t0000590A\t00000000\t0001\n\
+             bad\tline\n"
+        );
+        assert_eq!(
+            route_gateways_v4(&v4),
+            HashSet::from([IpAddr::V4(Ipv4Addr::new(10, 89, 0, 1))])
+        );
+        let v6 = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000001 00000000 00000003 eth0\n\
+                  fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n\
+                  short line\n";
+        assert_eq!(
+            route_gateways_v6(v6),
+            HashSet::from(["fd00::1".parse::<IpAddr>().unwrap()])
+        );
+        // This namespace's own table parses without panicking, whatever it holds.
+        let _ = next_hops();
     }
 
     #[test]
