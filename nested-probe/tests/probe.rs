@@ -110,12 +110,16 @@ fn probe(args: &[String]) -> Vec<(String, bool, String)> {
         .collect()
 }
 
-fn ok_of(lines: &[(String, bool, String)], name: &str) -> bool {
-    let l = lines
+/// The line of check `name`.
+fn line_of<'a>(lines: &'a [(String, bool, String)], name: &str) -> &'a (String, bool, String) {
+    lines
         .iter()
         .find(|l| l.0 == name)
-        .unwrap_or_else(|| panic!("no {name} in {lines:?}"));
-    l.1
+        .unwrap_or_else(|| panic!("no {name} in {lines:?}"))
+}
+
+fn ok_of(lines: &[(String, bool, String)], name: &str) -> bool {
+    line_of(lines, name).1
 }
 
 #[test]
@@ -227,10 +231,7 @@ fn another_netns_a_lying_resolver_and_no_router_fail() {
     .map(str::to_owned)
     .to_vec();
     let lines = probe(&args);
-    let echoed = lines
-        .iter()
-        .find(|l| l.0 == "nested-dns-host-127.0.0.1")
-        .unwrap();
+    let echoed = line_of(&lines, "nested-dns-host-127.0.0.1");
     assert!(
         !echoed.1 && echoed.2.contains("something came back"),
         "{echoed:?}"
@@ -244,10 +245,7 @@ fn another_netns_a_lying_resolver_and_no_router_fail() {
     ] {
         assert!(!ok_of(&lines, fail), "{fail}: {lines:?}");
     }
-    let refused = lines
-        .iter()
-        .find(|l| l.0 == "nested-tcp-host-127.0.0.1")
-        .unwrap();
+    let refused = line_of(&lines, "nested-tcp-host-127.0.0.1");
     assert!(refused.2.contains("the packet got there"), "{refused:?}");
 }
 
@@ -316,10 +314,7 @@ fn an_empty_allowlist_skips_what_needs_a_name_and_every_target_is_still_checked(
     assert!(ok_of(&lines, "nested-netns"), "{lines:?}");
     assert!(ok_of(&lines, "nested-dns-unlisted"), "{lines:?}");
     // The other server was asked the unlisted name, and its NXDOMAIN is an answer: it got there.
-    let other = lines
-        .iter()
-        .find(|l| l.0 == "nested-dns-host-resolver-127.0.0.1")
-        .unwrap();
+    let other = line_of(&lines, "nested-dns-host-resolver-127.0.0.1");
     assert!(
         !other.1 && other.2.contains("answered: rcode 3"),
         "{other:?}"

@@ -750,6 +750,18 @@ noise from python
             .contains("containment does not hold"));
     }
 
+    /// The nested probe's reading of `command` (the doctor's nested command line, `--netns` added).
+    fn nested_parse(command: &[String]) -> agent_sandbox_nested_probe::spec::Spec {
+        let args = command[1..]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .chain(["--netns".into(), "net:[1]".into()]);
+        match agent_sandbox_nested_probe::spec::parse(args).unwrap() {
+            agent_sandbox_nested_probe::spec::Invocation::Run(parsed) => parsed,
+            agent_sandbox_nested_probe::spec::Invocation::Help => panic!("not a run"),
+        }
+    }
+
     #[test]
     fn the_nested_command_is_one_the_nested_probe_accepts() {
         let spec = ProbeSpec {
@@ -766,15 +778,7 @@ noise from python
         };
         let command = nested_command(&spec);
         assert_eq!(command[0], crate::images::NESTED_PROBE_PATH);
-        let args = command[1..]
-            .iter()
-            .map(std::ffi::OsString::from)
-            .chain(["--netns".into(), "net:[1]".into()]);
-        let agent_sandbox_nested_probe::spec::Invocation::Run(parsed) =
-            agent_sandbox_nested_probe::spec::parse(args).unwrap()
-        else {
-            panic!("not a run");
-        };
+        let parsed = nested_parse(&command);
         let allowed = parsed.allowed.expect("the allowlisted name");
         assert_eq!(allowed.name, spec.name);
         assert_eq!(allowed.expect.to_string(), spec.expect);
@@ -853,15 +857,7 @@ noise from python
             !command.iter().any(|a| a == "--name" || a == "--expect"),
             "{command:?}"
         );
-        let args = command[1..]
-            .iter()
-            .map(std::ffi::OsString::from)
-            .chain(["--netns".into(), "net:[1]".into()]);
-        let agent_sandbox_nested_probe::spec::Invocation::Run(parsed) =
-            agent_sandbox_nested_probe::spec::parse(args).unwrap()
-        else {
-            panic!("not a run");
-        };
+        let parsed = nested_parse(&command);
         assert_eq!(parsed.allowed, None);
         let out = r#"{"name":"dns-allowlisted","ok":true,"tried":"a name","got":"skipped: empty","skip":true}
 {"name":"nested-router","ok":true,"tried":"HTTP","got":"skipped: empty","skip":true}
