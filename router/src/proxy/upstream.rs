@@ -201,22 +201,45 @@ const MAX_ROUTES_TEXT: u64 = 1024 * 1024;
 /// The next hops of this network namespace's routes (`/proc/net/route`, `/proc/net/ipv6_route`): the
 /// gateways the router sends through. On a session's egress network that is the host, in a pod the
 /// node (or a link-local address, refused anyway): an allowlisted name whose DNS points there would
-/// reach the host's own listeners. A table that cannot be read (no IPv6) adds nothing.
+/// reach the host's own listeners through that address. A table that cannot be read (no IPv6) adds
+/// nothing.
+///
+/// What /proc shows of IPv4 is the main table, one gateway per route: the next hops of other tables
+/// (policy routing), of a multipath route beyond its first, and IPv6 next hops of IPv4 routes are not
+/// seen. Podman's networks and the common CNIs put a pod's default route in the main table with one
+/// gateway. `/proc/net/ipv6_route` lists every table and every multipath next hop.
 #[must_use]
 pub fn next_hops() -> HashSet<IpAddr> {
     let read = |path: &str| -> String {
-        let mut text = String::new();
+        let mut bytes = Vec::new();
         if let Ok(f) = std::fs::File::open(path) {
-            let _ = std::io::Read::read_to_string(
-                &mut std::io::Read::take(f, MAX_ROUTES_TEXT),
-                &mut text,
+            let _ = std::io::Read::read_to_end(
+                &mut std::io::Read::take(f, MAX_ROUTES_TEXT + 1),
+                &mut bytes,
             );
         }
-        text
+        table_text(bytes, path)
     };
     let mut out = route_gateways_v4(&read("/proc/net/route"));
     out.extend(route_gateways_v6(&read("/proc/net/ipv6_route")));
     out
+}
+
+/// A routing table's text as read (at most [`MAX_ROUTES_TEXT`] bytes and one more, to tell a longer
+/// one, which is said once). Interface names may hold any byte but '/' and NUL: such a line must not
+/// cost the others, so bytes that are not UTF-8 are replaced.
+fn table_text(mut bytes: Vec<u8>, path: &str) -> String {
+    if bytes.len() as u64 > MAX_ROUTES_TEXT {
+        bytes.truncate(MAX_ROUTES_TEXT as usize);
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                path,
+                "routing table longer than 1 MiB: next hops of the routes past it are not refused"
+            );
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The non-zero gateways of `/proc/net/route` (a header line, then `Iface Destination Gateway ...`,
@@ -713,6 +736,13 @@ mod tests {
         assert_eq!(
             route_gateways_v6(v6),
             HashSet::from(["fd00::1".parse::<IpAddr>().unwrap()])
+        );
+        // An interface name that is not UTF-8 costs nothing but its own line.
+        let mut raw = v4.into_bytes();
+        raw.extend_from_slice(b"g\xff\t00000000\t01010101\t0003\n");
+        assert_eq!(
+            route_gateways_v4(&table_text(raw, "/proc/net/route")).len(),
+            2
         );
         // This namespace's own table parses without panicking, whatever it holds.
         let _ = next_hops();
