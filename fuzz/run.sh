@@ -7,7 +7,7 @@
 set -euo pipefail
 
 seconds="${FUZZ_SECONDS:-120}"
-targets="${FUZZ_TARGETS:-tls_hello tls_hello_structured tls_retry http_request dns_udp allowlist router_config inject_rewrite}"
+targets="${FUZZ_TARGETS:-tls_hello tls_hello_structured tls_retry http_request dns_udp allowlist router_config inject_rewrite netlink_routes}"
 # A single input taking longer than this is a hang.
 timeout_secs="${FUZZ_TIMEOUT:-10}"
 rss_mb="${FUZZ_RSS_MB:-2048}"

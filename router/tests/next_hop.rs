@@ -2,13 +2,16 @@
 //! session's egress network, the host; in a pod, the node) is never dialled, while a neighbour on the
 //! same network that is no next hop is. The real router binary runs in the test's own namespace R, which
 //! has no default route; the "gateway" is an upstream address of the test's namespace U, made the next
-//! hop of one route of R's that nothing uses.
+//! hop of one route of R's that nothing uses. The second test puts next hops where `/proc/net/route` does
+//! not show them (another table, a multipath route's second next hop, an IPv4 route's IPv6 next hop, a
+//! nexthop object) and checks the router refuses each.
 
 mod lab;
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 
+use agent_sandbox_router::proxy::routes::{dump_next_hops, next_hops};
 use lab::{Dns, DnsBehaviour, Lab, RouterProc, Upstream};
 
 /// Answers every connection with one small HTTP response.
@@ -79,4 +82,116 @@ fn a_name_resolving_to_a_next_hop_is_not_dialled() {
     );
     let log = router.log();
     assert!(log.contains("a gateway its routes go through"), "{log}");
+}
+
+/// `ip -n R ...` for a route or nexthop of the test's.
+fn ip_r(lab: &Lab, args: &str) {
+    let mut all = vec!["-n", &lab.r.name];
+    all.extend(args.split_whitespace());
+    lab::run("ip", &all);
+}
+
+#[test]
+fn next_hops_proc_does_not_show_are_refused() {
+    if !lab::require_netns() {
+        return;
+    }
+    let lab = Lab::new(6);
+    let [table, first, second, object, _, peer] =
+        <[_; 6]>::try_from(lab.upstream_ips.clone()).unwrap();
+    // IPv6 on the veth, for an IPv4 route through an IPv6 next hop (RFC 5549).
+    ip_r(&lab, "-6 addr add 2001:db8:19::1/64 dev vr nodad");
+    lab::run(
+        "ip",
+        &[
+            "-n",
+            &lab.u.name,
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:19::2/64",
+            "dev",
+            "vu",
+            "nodad",
+        ],
+    );
+    ip_r(
+        &lab,
+        &format!("route add 198.20.0.0/24 via {table} table 100"),
+    );
+    ip_r(
+        &lab,
+        &format!("route add 198.20.1.0/24 nexthop via {first} dev vr nexthop via {second} dev vr"),
+    );
+    ip_r(&lab, &format!("nexthop add id 7 via {object} dev vr"));
+    ip_r(&lab, "route add 198.20.2.0/24 nhid 7");
+    ip_r(
+        &lab,
+        "route add 198.20.3.0/24 via inet6 2001:db8:19::2 dev vr",
+    );
+
+    // /proc/net/route shows only the main table's first gateway of each route: of these, `first` and
+    // `object`. The dump has every one.
+    let shown = lab
+        .r
+        .enter(|| std::fs::read_to_string("/proc/thread-self/net/route").unwrap());
+    let hex = |ip: std::net::Ipv4Addr| format!("{:08X}", u32::from_ne_bytes(ip.octets()));
+    assert!(
+        shown.contains(&hex(first)) && shown.contains(&hex(object)),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains(&hex(table)) && !shown.contains(&hex(second)),
+        "{shown}"
+    );
+    let (dumped, merged) = lab.r.enter(|| (dump_next_hops(), next_hops()));
+    let dumped = dumped.expect("a route dump in R");
+    for hop in [table, first, second, object] {
+        assert!(
+            dumped.contains(&hop.into()),
+            "{hop} missing from {dumped:?}"
+        );
+    }
+    let v6: std::net::IpAddr = "2001:db8:19::2".parse().unwrap();
+    assert!(dumped.contains(&v6), "{dumped:?}");
+    assert_eq!(dumped, merged);
+    assert!(!dumped.contains(&peer.into()), "{dumped:?}");
+
+    // The real router refuses a name resolving to each, and relays a neighbour's.
+    let dns = Dns::start(&lab);
+    let names = [
+        ("table", table),
+        ("second", second),
+        ("object", object),
+        ("peer", peer),
+    ];
+    let mut upstreams = Vec::new();
+    for (name, addr) in names {
+        dns.set(&format!("{name}.test"), DnsBehaviour::A(addr));
+        upstreams.push(Upstream::start(
+            &lab,
+            SocketAddr::from((addr, 80)),
+            ok_handler,
+        ));
+    }
+    let toml = format!(
+        "hosts = [\"table.test\", \"second.test\", \"object.test\", \"peer.test\"]\n\
+         resolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
+        dns.addr
+    );
+    let router = RouterProc::start(&lab, &toml);
+    for (name, _) in &names[..3] {
+        let refused = get(&lab, &router, &format!("{name}.test"));
+        assert!(
+            refused.starts_with("HTTP/1.1 403") && refused.contains("forbidden address"),
+            "{name}: {refused}"
+        );
+    }
+    let reached = get(&lab, &router, "peer.test");
+    assert!(reached.starts_with("HTTP/1.1 200"), "{reached}");
+    let accepted: Vec<usize> = upstreams
+        .iter()
+        .map(|u| u.accepted.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    assert_eq!(accepted, [0, 0, 0, 1], "a next hop was dialled");
 }

@@ -48,6 +48,7 @@ mod listener;
 pub(crate) mod refusal;
 pub mod relay;
 pub mod retry;
+pub mod routes;
 pub mod tls;
 mod tls_conn;
 pub mod upstream;

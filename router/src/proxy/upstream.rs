@@ -30,6 +30,7 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
 use super::cache::ResolveCache;
+use super::routes::next_hops;
 
 /// How long the list of the router's own addresses is reused before it is read again.
 const OWN_ADDRESSES_TTL: Duration = Duration::from_secs(1);
@@ -192,81 +193,6 @@ fn own_and_next_hops() -> std::io::Result<HashSet<IpAddr>> {
     let mut set = local_addresses()?;
     set.extend(next_hops());
     Ok(set)
-}
-
-/// The most of a routing table read from /proc (a router with a full table has no business here; the
-/// gateway of a pod or a session's egress network is among the first lines).
-const MAX_ROUTES_TEXT: u64 = 1024 * 1024;
-
-/// The next hops of this network namespace's routes (`/proc/net/route`, `/proc/net/ipv6_route`): the
-/// gateways the router sends through. On a session's egress network that is the host, in a pod the
-/// node (or a link-local address, refused anyway): an allowlisted name whose DNS points there would
-/// reach the host's own listeners through that address. A table that cannot be read (no IPv6) adds
-/// nothing.
-///
-/// What /proc shows of IPv4 is the main table, one gateway per route: the next hops of other tables
-/// (policy routing), of a multipath route beyond its first, and IPv6 next hops of IPv4 routes are not
-/// seen. Podman's networks and the common CNIs put a pod's default route in the main table with one
-/// gateway. `/proc/net/ipv6_route` lists every table and every multipath next hop.
-#[must_use]
-pub fn next_hops() -> HashSet<IpAddr> {
-    let read = |path: &str| -> String {
-        let mut bytes = Vec::new();
-        if let Ok(f) = std::fs::File::open(path) {
-            let _ = std::io::Read::read_to_end(
-                &mut std::io::Read::take(f, MAX_ROUTES_TEXT + 1),
-                &mut bytes,
-            );
-        }
-        table_text(bytes, path)
-    };
-    let mut out = route_gateways_v4(&read("/proc/net/route"));
-    out.extend(route_gateways_v6(&read("/proc/net/ipv6_route")));
-    out
-}
-
-/// A routing table's text as read (at most [`MAX_ROUTES_TEXT`] bytes and one more, to tell a longer
-/// one, which is said once). Interface names may hold any byte but '/' and NUL: such a line must not
-/// cost the others, so bytes that are not UTF-8 are replaced.
-fn table_text(mut bytes: Vec<u8>, path: &str) -> String {
-    if bytes.len() as u64 > MAX_ROUTES_TEXT {
-        bytes.truncate(MAX_ROUTES_TEXT as usize);
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(
-                path,
-                "routing table longer than 1 MiB: next hops of the routes past it are not refused"
-            );
-        }
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// The non-zero gateways of `/proc/net/route` (a header line, then `Iface Destination Gateway ...`,
-/// each address as the hexadecimal of its in-memory bytes read as a native integer).
-fn route_gateways_v4(text: &str) -> HashSet<IpAddr> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| line.split_whitespace().nth(2))
-        .filter_map(|hex| u32::from_str_radix(hex, 16).ok())
-        .filter(|&v| v != 0)
-        .map(|v| IpAddr::V4(Ipv4Addr::from(v.to_ne_bytes())))
-        .collect()
-}
-
-/// The non-zero next hops of `/proc/net/ipv6_route` (`dest plen src plen next_hop ...`, each address
-/// as 32 hexadecimal digits in network order).
-fn route_gateways_v6(text: &str) -> HashSet<IpAddr> {
-    text.lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .filter_map(|hex| {
-            u128::from_str_radix(hex, 16)
-                .ok()
-                .filter(|_| hex.len() == 32)
-        })
-        .filter(|&v| v != 0)
-        .map(|v| normalise(IpAddr::V6(Ipv6Addr::from(v))))
-        .collect()
 }
 
 /// The addresses of every local interface (and each interface's IPv4 broadcast address), read with
@@ -714,38 +640,6 @@ mod tests {
         drop(listener);
         let err = dial(addr).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
-    }
-
-    #[test]
-    fn next_hops_are_read_from_both_routing_tables() {
-        // 10.89.0.1 as /proc/net/route prints it on this machine's byte order.
-        let gw = u32::from_ne_bytes([10, 89, 0, 1]);
-        let v4 = format!(
-            "Iface\tDestination\tGateway \tFlags\n\
-             eth0\t00000000\t{gw:08X}\t0003\n\
-             eth0\t0000590A\t00000000\t0001\n\
-             bad\tline\n"
-        );
-        assert_eq!(
-            route_gateways_v4(&v4),
-            HashSet::from([IpAddr::V4(Ipv4Addr::new(10, 89, 0, 1))])
-        );
-        let v6 = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000001 00000000 00000003 eth0\n\
-                  fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n\
-                  short line\n";
-        assert_eq!(
-            route_gateways_v6(v6),
-            HashSet::from(["fd00::1".parse::<IpAddr>().unwrap()])
-        );
-        // An interface name that is not UTF-8 costs nothing but its own line.
-        let mut raw = v4.into_bytes();
-        raw.extend_from_slice(b"g\xff\t00000000\t01010101\t0003\n");
-        assert_eq!(
-            route_gateways_v4(&table_text(raw, "/proc/net/route")).len(),
-            2
-        );
-        // This namespace's own table parses without panicking, whatever it holds.
-        let _ = next_hops();
     }
 
     #[test]
