@@ -865,7 +865,7 @@ mod tests {
             pass_env: vec!["TERM".into()],
             command: vec!["claude".into()],
         };
-        let argv: Vec<String> = args::sandbox_run(&spec)
+        let argv: Vec<String> = args::sandbox_create(&spec)
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect();

@@ -335,15 +335,125 @@ pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
         .done()
 }
 
-/// The sandbox: the project at its own path (read-write, not recursive, no relabelling), the home volume, the
-/// session's hosts and resolv.conf read-only, every capability dropped, no new privileges.
+/// One mount of the sandbox container, as [`sandbox_mounts`] decides them: what `podman create` is
+/// told, and what `podman container inspect` must show before the command starts (and nothing else).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SandboxMount {
+    /// A host path bound at `destination` (`--volume SRC:DST:OPTS`, or `--mount type=bind` for a
+    /// covered file, whose source is `/dev/null`).
+    Bind {
+        /// The host path.
+        source: PathBuf,
+        /// Where it shows in the sandbox.
+        destination: PathBuf,
+        /// Written into by the sandbox (the project only).
+        writable: bool,
+        /// The `--volume` options after the destination (`:bind`, `:rbind`, `:ro`), or None for a
+        /// `--mount` of `/dev/null`.
+        volume_opts: Option<&'static str>,
+    },
+    /// A named volume (the home volume).
+    Volume {
+        /// Its name.
+        name: String,
+        /// Where it shows in the sandbox.
+        destination: PathBuf,
+        /// `:U` or nothing.
+        volume_opts: &'static str,
+    },
+    /// An empty read-only tmpfs covering a directory mounted below the project.
+    Tmpfs {
+        /// The covered directory.
+        destination: PathBuf,
+    },
+}
+
+impl SandboxMount {
+    /// Where it shows in the sandbox.
+    #[must_use]
+    pub fn destination(&self) -> &Path {
+        match self {
+            SandboxMount::Bind { destination, .. }
+            | SandboxMount::Volume { destination, .. }
+            | SandboxMount::Tmpfs { destination } => destination,
+        }
+    }
+}
+
+/// Every mount of the sandbox container: the project at its own path (read-write, not recursive
+/// unless something below it is covered, no relabelling), each covered mount point, the home volume,
+/// the session's hosts and resolv.conf read-only, and the session CA's files when there are any.
+#[must_use]
+pub fn sandbox_mounts(spec: &SandboxSpec) -> Vec<SandboxMount> {
+    let bind = |source: &Path, destination: &Path, writable, opts| SandboxMount::Bind {
+        source: source.to_owned(),
+        destination: destination.to_owned(),
+        writable,
+        volume_opts: Some(opts),
+    };
+    let mut out = Vec::new();
+    // Mounts below the project on the host (a USB disk, an sshfs, a bind of ~/.ssh) never show in the
+    // sandbox. With none, the project is bound alone (`:bind`, not podman's default `rbind`). With
+    // some, a bind that leaves them out fails under rootless podman for a mount older than its user
+    // namespace (the kernel locks such mounts, and a non-recursive bind of a directory with a locked
+    // mount below it is refused: EINVAL), so the bind is recursive and each one is covered by an
+    // empty read-only tmpfs, which nothing in the sandbox can unmount (no capability; and in a nested
+    // user namespace the copy is locked).
+    let coverable = spec.covered.iter().all(|c| mountable_destination(&c.path));
+    if spec.covered.is_empty() || !coverable {
+        out.push(bind(&spec.project, &spec.project, true, ":bind"));
+    } else {
+        out.push(bind(&spec.project, &spec.project, true, ":rbind"));
+        for c in &spec.covered {
+            out.push(if c.file {
+                SandboxMount::Bind {
+                    source: PathBuf::from("/dev/null"),
+                    destination: c.path.clone(),
+                    writable: false,
+                    volume_opts: None,
+                }
+            } else {
+                SandboxMount::Tmpfs {
+                    destination: c.path.clone(),
+                }
+            });
+        }
+    }
+    out.push(SandboxMount::Volume {
+        name: spec.home_volume.clone(),
+        destination: spec.home.clone(),
+        volume_opts: if spec.chown_home { ":U" } else { "" },
+    });
+    out.push(bind(
+        &spec.hosts_file,
+        Path::new("/etc/hosts"),
+        false,
+        ":ro",
+    ));
+    out.push(bind(
+        &spec.resolv_file,
+        Path::new("/etc/resolv.conf"),
+        false,
+        ":ro",
+    ));
+    if let Some(ca) = &spec.ca {
+        out.push(bind(&ca.cert, Path::new(SANDBOX_SESSION_CA), false, ":ro"));
+        out.push(bind(&ca.bundle, Path::new(SYSTEM_CA_BUNDLE), false, ":ro"));
+    }
+    out
+}
+
+/// The sandbox container, created and not started: [`sandbox_start`] runs it once `podman container
+/// inspect` has shown that it has exactly [`sandbox_mounts`] (podman's configuration can add volumes
+/// of its own: `volumes` and `mounts` under `[containers]` in containers.conf). Every capability
+/// dropped, no new privileges.
 ///
 /// `unmask=/proc/*` lets nested podman mount /proc for its containers (the kernel refuses a new proc
 /// mount while parts of /proc are masked); /sys stays masked. It is given only to a non-root sandbox
 /// user, which owns nothing under /proc/sys and has no capability to use the rest.
 #[must_use]
-pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
-    let mut a = Argv::new(&["run"]);
+pub fn sandbox_create(spec: &SandboxSpec) -> Vec<OsString> {
+    let mut a = Argv::new(&["create"]);
     a.opt("--name", &spec.name)
         .opt("--pod", &spec.pod)
         .labels(&spec.labels)
@@ -376,55 +486,43 @@ pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
     if non_root {
         a.opt("--security-opt", "unmask=/proc/*");
     }
-    let home_opts = if spec.chown_home { ":U" } else { "" };
-    let mut home_env = OsString::from("HOME=");
-    home_env.push(spec.home.as_os_str());
-    // Mounts below the project on the host (a USB disk, an sshfs, a bind of ~/.ssh) never show in the
-    // sandbox. With none, the project is bound alone (`:bind`, not podman's default `rbind`). With
-    // some, a bind that leaves them out fails under rootless podman for a mount older than its user
-    // namespace (the kernel locks such mounts, and a non-recursive bind of a directory with a locked
-    // mount below it is refused: EINVAL), so the bind is recursive and each one is covered by an
-    // empty read-only tmpfs, which nothing in the sandbox can unmount (no capability; and in a nested
-    // user namespace the copy is locked).
-    let coverable = spec.covered.iter().all(|c| mountable_destination(&c.path));
-    if spec.covered.is_empty() || !coverable {
-        a.opt("--volume", mount(&spec.project, &spec.project, ":bind"));
-    } else {
-        a.opt("--volume", mount(&spec.project, &spec.project, ":rbind"));
-        for c in &spec.covered {
-            let mut m = OsString::from(if c.file {
-                "type=bind,source=/dev/null,ro=true,destination="
-            } else {
-                "type=tmpfs,tmpfs-size=4096,tmpfs-mode=0555,notmpcopyup,ro=true,destination="
-            });
-            m.push(c.path.as_os_str());
-            a.opt("--mount", m);
+    for m in sandbox_mounts(spec) {
+        match m {
+            SandboxMount::Bind {
+                source,
+                destination,
+                volume_opts: Some(opts),
+                ..
+            } => {
+                a.opt("--volume", mount(&source, &destination, opts));
+            }
+            SandboxMount::Bind { destination, .. } => {
+                let mut m = OsString::from("type=bind,source=/dev/null,ro=true,destination=");
+                m.push(destination.as_os_str());
+                a.opt("--mount", m);
+            }
+            SandboxMount::Tmpfs { destination } => {
+                let mut m = OsString::from(
+                    "type=tmpfs,tmpfs-size=4096,tmpfs-mode=0555,notmpcopyup,ro=true,destination=",
+                );
+                m.push(destination.as_os_str());
+                a.opt("--mount", m);
+            }
+            SandboxMount::Volume {
+                name,
+                destination,
+                volume_opts,
+            } => {
+                a.opt(
+                    "--volume",
+                    mount(Path::new(&name), &destination, volume_opts),
+                );
+            }
         }
     }
-    a.opt("--workdir", &spec.project)
-        .opt(
-            "--volume",
-            mount(Path::new(&spec.home_volume), &spec.home, home_opts),
-        )
-        .opt("--env", home_env)
-        .opt(
-            "--volume",
-            mount(&spec.hosts_file, Path::new("/etc/hosts"), ":ro"),
-        )
-        .opt(
-            "--volume",
-            mount(&spec.resolv_file, Path::new("/etc/resolv.conf"), ":ro"),
-        );
-    if let Some(ca) = &spec.ca {
-        a.opt(
-            "--volume",
-            mount(&ca.cert, Path::new(SANDBOX_SESSION_CA), ":ro"),
-        )
-        .opt(
-            "--volume",
-            mount(&ca.bundle, Path::new(SYSTEM_CA_BUNDLE), ":ro"),
-        );
-    }
+    let mut home_env = OsString::from("HOME=");
+    home_env.push(spec.home.as_os_str());
+    a.opt("--workdir", &spec.project).opt("--env", home_env);
     for (name, value) in &spec.env {
         a.opt("--env", format!("{name}={value}"));
     }
@@ -432,6 +530,23 @@ pub fn sandbox_run(spec: &SandboxSpec) -> Vec<OsString> {
         a.opt("--env", name);
     }
     a.arg(&spec.image).args(spec.command.iter().cloned()).done()
+}
+
+/// Starts the created sandbox container attached to the launcher's terminal or pipes; podman exits
+/// with the command's exit code.
+#[must_use]
+pub fn sandbox_start(spec: &SandboxSpec) -> Vec<OsString> {
+    let mut a = Argv::new(&["start", "--attach", "--interactive"]);
+    if spec.tty {
+        a.opt("--detach-keys", "");
+    }
+    a.arg(&spec.name).done()
+}
+
+/// The whole `podman container inspect` of one container (the sandbox's mounts, before it starts).
+#[must_use]
+pub fn container_inspect(name: &str) -> Vec<OsString> {
+    Argv::new(&["container", "inspect", name]).done()
 }
 
 /// Prints one file of an image on stdout: `cat` in a throw-away container with no network, nothing
@@ -712,7 +827,7 @@ mod tests {
             relays_dir: "/tmp/s/forwarder".into(),
             log_path: Some("/tmp/s/forwarder.log".into()),
         }));
-        let s = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        let s = strs(&sandbox_create(&sandbox(UserMapping::KeepId)));
         for argv in [net, r, pod, f, s] {
             for needle in [
                 "agent-sandbox.session=abc123",
@@ -752,7 +867,7 @@ mod tests {
             has(&forwarder, &["--log-opt", "path=/tmp/s/forwarder.log"]),
             "{forwarder:?}"
         );
-        let sandbox = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        let sandbox = strs(&sandbox_create(&sandbox(UserMapping::KeepId)));
         assert!(has(&sandbox, &["--log-driver", "none"]), "{sandbox:?}");
     }
 
@@ -767,8 +882,8 @@ mod tests {
             relays_dir: "/tmp/s/forwarder".into(),
             log_path: Some("/tmp/s/forwarder.log".into()),
         }));
-        let rootless = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
-        let rootful = strs(&sandbox_run(&sandbox(UserMapping::Host {
+        let rootless = strs(&sandbox_create(&sandbox(UserMapping::KeepId)));
+        let rootful = strs(&sandbox_create(&sandbox(UserMapping::Host {
             uid: 1000,
             gid: 1000,
         })));
@@ -869,7 +984,7 @@ mod tests {
                 "sk-ant-api03-placeholder".into(),
             ),
         ];
-        let a = strs(&sandbox_run(&spec));
+        let a = strs(&sandbox_create(&spec));
         assert!(has(
             &a,
             &[
@@ -936,7 +1051,7 @@ mod tests {
 
         // The sandbox of the same session gets nothing of the store.
         let spec = sandbox(UserMapping::KeepId);
-        let s = strs(&sandbox_run(&spec));
+        let s = strs(&sandbox_create(&spec));
         assert!(!s
             .iter()
             .any(|w| w.contains("agent-sandbox/oauth") || w.contains(ROUTER_OAUTH_DIR)));
@@ -1036,7 +1151,7 @@ mod tests {
 
     #[test]
     fn sandbox_rootless_uses_the_pods_keep_id_and_mounts_only_the_project() {
-        let a = strs(&sandbox_run(&sandbox(UserMapping::KeepId)));
+        let a = strs(&sandbox_create(&sandbox(UserMapping::KeepId)));
         assert!(has(&a, &["--pod", "agent-sandbox-abc123"]));
         assert!(!a.iter().any(|s| s == "--user" || s.starts_with("--userns")));
         assert!(a.contains(&"--interactive".to_owned()));
@@ -1086,7 +1201,7 @@ mod tests {
             covered("/home/me/src/p/a b/c", false),
             covered("/home/me/src/p/key", true),
         ];
-        let a = strs(&sandbox_run(&spec));
+        let a = strs(&sandbox_create(&spec));
         assert!(has(
             &a,
             &["--volume", "/home/me/src/p:/home/me/src/p:rbind"]
@@ -1118,7 +1233,7 @@ mod tests {
             let mut spec = spec.clone();
             spec.covered
                 .push(covered(&format!("/home/me/src/p/{odd}"), false));
-            let a = strs(&sandbox_run(&spec));
+            let a = strs(&sandbox_create(&spec));
             assert!(
                 has(&a, &["--volume", "/home/me/src/p:/home/me/src/p:bind"]),
                 "{odd:?}: {a:?}"
@@ -1140,7 +1255,7 @@ mod tests {
             }),
             sandbox(UserMapping::KeepId),
         ] {
-            let a = strs(&sandbox_run(&spec));
+            let a = strs(&sandbox_create(&spec));
             assert!(has(&a, &["--security-opt", "no-new-privileges"]), "{a:?}");
             assert!(has(&a, &["--cap-drop", "ALL"]), "{a:?}");
         }
@@ -1154,7 +1269,7 @@ mod tests {
         });
         spec.tty = true;
         spec.chown_home = true;
-        let a = strs(&sandbox_run(&spec));
+        let a = strs(&sandbox_create(&spec));
         assert!(has(&a, &["--user", "1000:1000"]));
         assert!(has(
             &a,
@@ -1167,7 +1282,7 @@ mod tests {
         // A root sandbox user (rootful podman in a root-owned project) keeps /proc masked.
         let mut root = sandbox(UserMapping::Host { uid: 0, gid: 0 });
         root.passwd_entry = None;
-        let root = strs(&sandbox_run(&root));
+        let root = strs(&sandbox_create(&root));
         assert!(!root.contains(&"--passwd-entry".to_owned()));
         assert!(has(&root, &["--user", "0:0"]));
         assert!(!root.iter().any(|s| s.starts_with("unmask")));

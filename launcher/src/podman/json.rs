@@ -364,6 +364,63 @@ impl Volume {
     }
 }
 
+/// `podman container inspect NAME`: what a created container will mount.
+#[derive(Debug, Default, Deserialize)]
+pub struct ContainerInspect {
+    /// Its binds and volumes (tmpfs mounts are in [`InspectHostConfig::tmpfs`] in podman 4 and 5).
+    #[serde(rename = "Mounts", default, deserialize_with = "null_as_default")]
+    pub mounts: Vec<InspectMount>,
+    /// Its host configuration.
+    #[serde(rename = "HostConfig", default)]
+    pub host_config: InspectHostConfig,
+}
+
+/// One entry of a container's `Mounts`.
+#[derive(Debug, Default, Deserialize, Clone, PartialEq, Eq)]
+pub struct InspectMount {
+    /// `bind`, `volume`, `tmpfs`, `image`, …
+    #[serde(rename = "Type", default)]
+    pub kind: String,
+    /// A volume's name.
+    #[serde(rename = "Name", default)]
+    pub name: String,
+    /// The host path (a volume's data directory).
+    #[serde(rename = "Source", default)]
+    pub source: PathBuf,
+    /// Where it shows in the container.
+    #[serde(rename = "Destination", default)]
+    pub destination: PathBuf,
+    /// Writable.
+    #[serde(rename = "RW", default)]
+    pub rw: bool,
+}
+
+/// The part of a container's `HostConfig` the launcher reads.
+#[derive(Debug, Default, Deserialize)]
+pub struct InspectHostConfig {
+    /// tmpfs mounts: destination → options.
+    #[serde(rename = "Tmpfs", default, deserialize_with = "null_as_default")]
+    pub tmpfs: HashMap<PathBuf, String>,
+}
+
+impl ContainerInspect {
+    /// Parses `podman container inspect NAME` (an array of one).
+    pub fn parse(json: &str) -> Result<ContainerInspect, JsonError> {
+        let mut all =
+            parse::<Option<Vec<ContainerInspect>>>("container inspect", json)?.unwrap_or_default();
+        if all.len() != 1 {
+            return Err(JsonError {
+                command: "container inspect",
+                source: serde::de::Error::custom(format!(
+                    "{} containers where one was asked for",
+                    all.len()
+                )),
+            });
+        }
+        Ok(all.remove(0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;

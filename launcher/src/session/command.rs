@@ -52,7 +52,8 @@ pub(super) fn run_command(
         }
     };
     signals.set_forward(forward);
-    let mut child = podman.spawn_foreground(&args::sandbox_run(&spec))?;
+    super::mounts::create_checked(podman, &spec)?;
+    let mut child = podman.spawn_foreground(&args::sandbox_start(&spec))?;
     signals.set_child(Some(child.id()));
     signals.forward_pending();
     let status = child.wait();
@@ -119,7 +120,7 @@ fn sandbox_spec(
 }
 
 /// Rootless, what is mounted below the project, to be covered in the sandbox (see
-/// [`args::sandbox_run`]): read now, right before podman mounts the project. Rootful podman binds the
+/// [`args::sandbox_mounts`]): read now, right before podman mounts the project. Rootful podman binds the
 /// project alone, which works whatever is below it. Unreadable: none, and the project is bound alone,
 /// which never shows what is below it either. A mount point that is not there by its path (shadowed by
 /// a later mount) is left out: podman would make its path in the project.
@@ -203,8 +204,9 @@ pub(super) fn run_captured(
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
     let spec = checked_spec(podman, settings, checked, shared, session, command, false)?;
+    super::mounts::create_checked(podman, &spec)?;
     podman
-        .output(&args::sandbox_run(&spec))
+        .output(&args::sandbox_start(&spec))
         .context("running the probe in the sandbox")
 }
 
@@ -341,7 +343,7 @@ mod tests {
         )
         .unwrap();
         assert!(!spec.pass_env.iter().any(|n| n == "ANTHROPIC_API_KEY"));
-        let argv: Vec<String> = args::sandbox_run(&spec)
+        let argv: Vec<String> = args::sandbox_create(&spec)
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();

@@ -21,6 +21,7 @@ pub(crate) use checks::ensure_allowlist;
 mod cleanup;
 mod command;
 mod doctor_home;
+mod mounts;
 mod readiness;
 pub(crate) mod rundir;
 mod shared;

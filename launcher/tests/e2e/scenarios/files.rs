@@ -1,6 +1,7 @@
 //! Files and powers (tests/e2e/scripts/files.sh): only the project is visible and writable, files
 //! created there belong to the invoking user, and the sandbox has no capability, socket, setuid file or
-//! host proxy variable.
+//! host proxy variable. A volume that podman's own configuration would add to every container stops
+//! the session before its command runs.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
@@ -92,6 +93,55 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         format!(
             "[{}] a file created in $PWD is owned by the invoking user {expect:?} on the host: {owner:?}",
             mode.name()
+        ),
+    );
+    configured_volume(s);
+}
+
+/// A containers.conf with `volumes` (the suite's own settings plus one host directory): the launcher
+/// refuses to start the sandbox, names the volume and where it comes from, runs nothing in it and
+/// leaves no session object behind.
+fn configured_volume(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let dir = s.project("configured-volume");
+    let outside = s.fx.root.join("configured-volume-outside");
+    fs::create_dir_all(&outside).unwrap();
+    let base = std::env::var("CONTAINERS_CONF")
+        .ok()
+        .and_then(|p| fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let conf = s.fx.root.join("configured-volume.conf");
+    let volume = format!("volumes = [\"{}:/as-e2e-outside:ro\"]\n", outside.display());
+    let text = if base.contains("[containers]") {
+        base.replacen("[containers]\n", &format!("[containers]\n{volume}"), 1)
+    } else {
+        format!("{base}\n[containers]\n{volume}")
+    };
+    fs::write(&conf, text).unwrap();
+    fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let ran = dir.join("ran-in-sandbox");
+    let r = s.launch_env(
+        &dir,
+        &["--exec", "touch", ran.to_str().unwrap()],
+        &[("CONTAINERS_CONF", conf.display().to_string())],
+    );
+    let left = s.session_objects(&dir);
+    s.checks.check(
+        r.code != Some(0)
+            && r.stderr.contains("refusing to start the sandbox")
+            && r.stderr.contains(&format!(
+                "{} at /as-e2e-outside (read-only)",
+                outside.display()
+            ))
+            && r.stderr.contains("containers.conf")
+            && !ran.exists()
+            && left.is_empty(),
+        format!(
+            "[{name}] a volume from containers.conf stops the session before its command: \
+             code {:?}, ran {}, left {left:?}\n{}",
+            r.code,
+            ran.exists(),
+            r.stderr
         ),
     );
 }
