@@ -184,11 +184,7 @@ async fn a_name_resolving_to_the_answer_address_is_not_dialled() {
          [listen]\nhttps = \"127.0.0.1:0\"\n[answers]\ndefault = \"{}\"\n",
         w.dns.addr, w.ns.ns_ip
     );
-    let config = agent_sandbox_shared::RouterConfig::from_toml(&toml)
-        .unwrap()
-        .validate()
-        .unwrap();
-    let proxy = std::sync::Arc::new(agent_sandbox_router::proxy::Proxy::new(&config).unwrap());
+    let proxy = proxy_support::proxy_from_toml(&toml);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let https = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();

@@ -59,11 +59,7 @@ async fn a_forward_to_a_port_not_in_the_policy_is_refused() {
          [answers]\ndefault = \"127.0.0.2\"\n",
         w.dns.addr
     );
-    let config = agent_sandbox_shared::RouterConfig::from_toml(&toml)
-        .unwrap_or_else(|e| panic!("{e}\n{toml}"))
-        .validate()
-        .unwrap();
-    let proxy = std::sync::Arc::new(agent_sandbox_router::proxy::Proxy::new(&config).unwrap());
+    let proxy = proxy_support::proxy_from_toml(&toml);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();

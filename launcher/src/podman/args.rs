@@ -459,9 +459,7 @@ pub fn sandbox_create(spec: &SandboxSpec) -> Vec<OsString> {
         .labels(&spec.labels)
         .arg("--interactive");
     if spec.tty {
-        // Ctrl-P is an ordinary key for the programs in the sandbox (shell history, editors, Claude);
-        // podman's default detach sequence (ctrl-p,ctrl-q) would swallow it.
-        a.arg("--tty").opt("--detach-keys", "");
+        a.arg("--tty");
     }
     let non_root = match &spec.user {
         UserMapping::KeepId => true,
@@ -538,6 +536,8 @@ pub fn sandbox_create(spec: &SandboxSpec) -> Vec<OsString> {
 pub fn sandbox_start(spec: &SandboxSpec) -> Vec<OsString> {
     let mut a = Argv::new(&["start", "--attach", "--interactive"]);
     if spec.tty {
+        // Ctrl-P is an ordinary key for the programs in the sandbox (shell history, editors, Claude);
+        // podman's default detach sequence (ctrl-p,ctrl-q) would swallow it.
         a.opt("--detach-keys", "");
     }
     a.arg(&spec.name).done()
@@ -1276,7 +1276,24 @@ mod tests {
             &["--passwd-entry", "me:*:1000:1000:me:/home/me:/bin/bash"]
         ));
         assert!(has(&a, &["--interactive", "--tty"]) || a.contains(&"--tty".to_owned()));
-        assert!(has(&a, &["--detach-keys", ""]));
+        // `podman create` has no --detach-keys; `podman start` takes it.
+        assert!(!a.contains(&"--detach-keys".to_owned()), "{a:?}");
+        assert_eq!(
+            strs(&sandbox_start(&spec)),
+            [
+                "start",
+                "--attach",
+                "--interactive",
+                "--detach-keys",
+                "",
+                &spec.name
+            ]
+        );
+        spec.tty = false;
+        assert_eq!(
+            strs(&sandbox_start(&spec)),
+            ["start", "--attach", "--interactive", &spec.name]
+        );
         assert!(has(&a, &["--volume", "agent-sandbox-home:/home/me:U"]));
         assert!(has(&a, &["--security-opt", "unmask=/proc/*"]));
         // A root sandbox user (rootful podman in a root-owned project) keeps /proc masked.

@@ -101,6 +101,16 @@ impl Watchdog {
     }
 }
 
+/// A `Proxy` built from a router configuration's TOML (which must parse and validate), for a test that
+/// serves one listener itself.
+pub fn proxy_from_toml(toml: &str) -> std::sync::Arc<agent_sandbox_router::proxy::Proxy> {
+    let config = agent_sandbox_shared::RouterConfig::from_toml(toml)
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"))
+        .validate()
+        .unwrap();
+    std::sync::Arc::new(agent_sandbox_router::proxy::Proxy::new(&config).unwrap())
+}
+
 /// A fresh test-unique label.
 pub fn uniq(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);

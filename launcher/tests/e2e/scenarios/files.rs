@@ -5,10 +5,11 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::mode::{current_ids, sh};
-use crate::suite::Suite;
+use crate::suite::{finish, Suite};
 
 /// Runs the scenario, recording its checks.
 pub(crate) fn run(s: &mut Suite<'_>) {
@@ -96,6 +97,37 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ),
     );
     configured_volume(s);
+    terminal(s);
+}
+
+/// On a terminal (a pseudo-terminal `script` gives it), the command gets one too, its exit code is
+/// the launcher's, and the created-then-started container is attached to it.
+fn terminal(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let dir = s.project("terminal");
+    let mut c = s.mode.command(
+        "script",
+        &[("AGENT_SANDBOX_HOME_VOLUME", s.home_volume.clone())],
+    );
+    c.arg("-qec")
+        .arg(format!(
+            "cd '{}' && '{}' --exec bash -c 'tty; exit 3'",
+            dir.display(),
+            crate::LAUNCHER
+        ))
+        .arg("/dev/null")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let r = finish(c.spawn().unwrap(), Duration::from_secs(300));
+    s.checks.check(
+        r.code == Some(3) && r.stdout.contains("/dev/pts/"),
+        format!(
+            "[{name}] on a terminal the command has one and its exit code is the launcher's: \
+             code {:?}\n{}{}",
+            r.code, r.stdout, r.stderr
+        ),
+    );
 }
 
 /// A containers.conf with `volumes` (the suite's own settings plus one host directory): the launcher
