@@ -42,6 +42,7 @@ const DUMP_ATTEMPTS: usize = 3;
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
+const NLMSG_OVERRUN: u16 = 4;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP_INTR: u16 = 0x10;
 const NLM_F_DUMP: u16 = 0x300;
@@ -219,47 +220,45 @@ impl Socket {
         Ok(())
     }
 
-    /// One datagram into `buf`; its length. A datagram larger than `buf`, or one that is not from the
-    /// kernel, is an error.
-    fn recv(&self, buf: &mut [u8]) -> Result<usize, DumpError> {
-        loop {
-            // SAFETY: as in `send`.
-            let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-            // SAFETY: the buffer and the address are valid for the lengths given.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.0.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_TRUNC,
-                    std::ptr::from_mut(&mut from).cast(),
-                    &mut from_len,
-                )
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                match e.kind() {
-                    std::io::ErrorKind::Interrupted => continue,
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                        return Err(DumpError::Deadline)
-                    }
-                    _ => return Err(DumpError::Io(format!("recvfrom: {e}"))),
+    /// One datagram into `buf`: its length, or None when the call was interrupted or the datagram was
+    /// not the kernel's (any socket in the namespace may send to this one), for the caller to check its
+    /// deadline and call again. A datagram larger than `buf` is an error.
+    fn recv(&self, buf: &mut [u8]) -> Result<Option<usize>, DumpError> {
+        // SAFETY: as in `send`.
+        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        // SAFETY: the buffer and the address are valid for the lengths given.
+        let n = unsafe {
+            libc::recvfrom(
+                self.0.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_TRUNC,
+                std::ptr::from_mut(&mut from).cast(),
+                &mut from_len,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => return Ok(None),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    return Err(DumpError::Deadline)
                 }
+                _ => return Err(DumpError::Io(format!("recvfrom: {e}"))),
             }
-            let n = n as usize;
-            if n > buf.len() {
-                return Err(DumpError::Malformed {
-                    at: 0,
-                    what: "a datagram larger than the receive buffer",
-                });
-            }
-            if from.nl_pid != 0 {
-                // Not the kernel: another socket in this namespace; not part of the dump.
-                continue;
-            }
-            return Ok(n);
         }
+        let n = n as usize;
+        if n > buf.len() {
+            return Err(DumpError::Malformed {
+                at: 0,
+                what: "a datagram larger than the receive buffer",
+            });
+        }
+        if from.nl_pid != 0 {
+            return Ok(None);
+        }
+        Ok(Some(n))
     }
 }
 
@@ -305,7 +304,9 @@ fn dump(
         if Instant::now() >= deadline {
             return Err(DumpError::Deadline);
         }
-        let n = socket.recv(&mut buf)?;
+        let Some(n) = socket.recv(&mut buf)? else {
+            continue;
+        };
         if n > *budget {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
@@ -370,10 +371,17 @@ pub fn parse_dump(
         let payload = &rest[NLMSG_HDRLEN..len];
         match kind {
             NLMSG_DONE => {
+                // A dump that failed part-way ends with the error in its DONE message.
+                if let Some(b) = payload.get(..4) {
+                    let errno = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                    if errno < 0 {
+                        return Err(DumpError::Kernel(errno.saturating_neg()));
+                    }
+                }
                 return Ok(Datagram {
                     progress: Progress::Done,
                     interrupted,
-                })
+                });
             }
             NLMSG_ERROR => {
                 if payload.len() < 4 {
@@ -384,6 +392,7 @@ pub fn parse_dump(
                     return Err(DumpError::Kernel(errno.saturating_neg()));
                 }
             }
+            NLMSG_OVERRUN => return Err(bad("the kernel lost part of the dump (overrun)")),
             RTM_NEWROUTE => {
                 if payload.len() < RTMSG_LEN {
                     return Err(bad("a route message cut short"));
@@ -728,6 +737,10 @@ mod tests {
         );
         let done = message(NLMSG_DONE, 0, 7, &0i32.to_ne_bytes());
         assert_eq!(parse(&done, 7).0.unwrap().progress, Progress::Done);
+        // A dump that failed part-way: its DONE carries the error, which fails it.
+        let failed = message(NLMSG_DONE, 0, 7, &(-libc::EMSGSIZE).to_ne_bytes());
+        assert_eq!(parse(&failed, 7).0, Err(DumpError::Kernel(libc::EMSGSIZE)));
+        assert!(parse(&message(NLMSG_OVERRUN, 0, 7, &[]), 7).0.is_err());
     }
 
     #[test]
