@@ -336,7 +336,7 @@ pub fn forwarder_run(spec: &ForwarderSpec) -> Vec<OsString> {
 }
 
 /// One mount of the sandbox container, as [`sandbox_mounts`] decides them: what `podman create` is
-/// told, and what `podman container inspect` must show before the command starts (and nothing else).
+/// told, and what its OCI configuration must hold before the command starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SandboxMount {
     /// A host path bound at `destination` (`--volume SRC:DST:OPTS`, or `--mount type=bind` for a
@@ -443,10 +443,10 @@ pub fn sandbox_mounts(spec: &SandboxSpec) -> Vec<SandboxMount> {
     out
 }
 
-/// The sandbox container, created and not started: [`sandbox_start`] runs it once `podman container
-/// inspect` has shown that it has exactly [`sandbox_mounts`] (podman's configuration can add volumes
-/// of its own: `volumes` and `mounts` under `[containers]` in containers.conf). Every capability
-/// dropped, no new privileges.
+/// The sandbox container, created and not started: [`sandbox_start`] runs it once its OCI
+/// configuration (after [`container_init`]) has shown that it mounts [`sandbox_mounts`] and podman's
+/// own files and nothing else (podman's configuration can add mounts of its own). Every capability
+/// dropped, no new privileges, none of the image's volumes.
 ///
 /// `unmask=/proc/*` lets nested podman mount /proc for its containers (the kernel refuses a new proc
 /// mount while parts of /proc are masked); /sys stays masked. It is given only to a non-root sandbox
@@ -474,8 +474,10 @@ pub fn sandbox_create(spec: &SandboxSpec) -> Vec<OsString> {
     // The command's output goes to the launcher's terminal or pipes only: with a log driver, podman
     // would also copy every byte (every redraw of a TUI) into a file in its storage for the whole
     // session.
+    // The image's VOLUME declarations would add anonymous volumes; the sandbox gets none.
     a.arg("--pull=never")
         .args(NO_HOST_ENV)
+        .arg("--image-volume=ignore")
         .opt("--log-driver", "none")
         .arg("--init")
         .opt("--cap-drop", "ALL")
@@ -543,7 +545,27 @@ pub fn sandbox_start(spec: &SandboxSpec) -> Vec<OsString> {
     a.arg(&spec.name).done()
 }
 
-/// The whole `podman container inspect` of one container (the sandbox's mounts, before it starts).
+/// Initialises a created container: podman prepares its mounts and writes its OCI configuration
+/// (`config.json`), which the sandbox's check reads before [`sandbox_start`].
+#[must_use]
+pub fn container_init(name: &str) -> Vec<OsString> {
+    Argv::new(&["init", name]).done()
+}
+
+/// A file printed from inside rootless podman's user namespace (`podman unshare cat`), where the
+/// storage's files owned by the container's users can be read.
+#[must_use]
+pub fn unshare_cat(path: &Path) -> Vec<OsString> {
+    Argv::new(&["unshare", "cat", "--"]).arg(path).done()
+}
+
+/// A directory's entries listed from inside rootless podman's user namespace (`podman unshare ls`).
+#[must_use]
+pub fn unshare_ls(path: &Path) -> Vec<OsString> {
+    Argv::new(&["unshare", "ls", "-A", "--"]).arg(path).done()
+}
+
+/// The whole `podman container inspect` of one container (where the sandbox's OCI configuration is).
 #[must_use]
 pub fn container_inspect(name: &str) -> Vec<OsString> {
     Argv::new(&["container", "inspect", name]).done()

@@ -364,43 +364,12 @@ impl Volume {
     }
 }
 
-/// `podman container inspect NAME`: what a created container will mount.
+/// `podman container inspect NAME`: where an initialised container's OCI configuration is.
 #[derive(Debug, Default, Deserialize)]
 pub struct ContainerInspect {
-    /// Its binds and volumes (tmpfs mounts are in [`InspectHostConfig::tmpfs`] in podman 4 and 5).
-    #[serde(rename = "Mounts", default, deserialize_with = "null_as_default")]
-    pub mounts: Vec<InspectMount>,
-    /// Its host configuration.
-    #[serde(rename = "HostConfig", default)]
-    pub host_config: InspectHostConfig,
-}
-
-/// One entry of a container's `Mounts`.
-#[derive(Debug, Default, Deserialize, Clone, PartialEq, Eq)]
-pub struct InspectMount {
-    /// `bind`, `volume`, `tmpfs`, `image`, …
-    #[serde(rename = "Type", default)]
-    pub kind: String,
-    /// A volume's name.
-    #[serde(rename = "Name", default)]
-    pub name: String,
-    /// The host path (a volume's data directory).
-    #[serde(rename = "Source", default)]
-    pub source: PathBuf,
-    /// Where it shows in the container.
-    #[serde(rename = "Destination", default)]
-    pub destination: PathBuf,
-    /// Writable.
-    #[serde(rename = "RW", default)]
-    pub rw: bool,
-}
-
-/// The part of a container's `HostConfig` the launcher reads.
-#[derive(Debug, Default, Deserialize)]
-pub struct InspectHostConfig {
-    /// tmpfs mounts: destination → options.
-    #[serde(rename = "Tmpfs", default, deserialize_with = "null_as_default")]
-    pub tmpfs: HashMap<PathBuf, String>,
+    /// The container's `config.json`, written by `podman init` (empty before).
+    #[serde(rename = "OCIConfigPath", default)]
+    pub oci_config_path: PathBuf,
 }
 
 impl ContainerInspect {
@@ -418,6 +387,51 @@ impl ContainerInspect {
             });
         }
         Ok(all.remove(0))
+    }
+}
+
+/// The OCI runtime configuration podman wrote for a container (`config.json`): every mount the
+/// runtime will make and every device node it will create, whatever added them (the command line,
+/// containers.conf's `volumes`, `:O` overlays, mounts.conf, the image's volumes).
+#[derive(Debug, Default, Deserialize)]
+pub struct OciConfig {
+    /// The mounts, in order.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub mounts: Vec<OciMount>,
+    /// The Linux section.
+    #[serde(default)]
+    pub linux: OciLinux,
+}
+
+/// One mount of an OCI configuration.
+#[derive(Debug, Default, Deserialize, Clone, PartialEq, Eq)]
+pub struct OciMount {
+    /// Where it shows in the container.
+    #[serde(default)]
+    pub destination: PathBuf,
+    /// `bind`, `proc`, `tmpfs`, `overlay`, …
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// The host path (for binds and overlays) or a file system name.
+    #[serde(default)]
+    pub source: PathBuf,
+    /// Mount options (`ro`, `rbind`, …).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub options: Vec<String>,
+}
+
+/// The part of an OCI configuration's `linux` section the launcher reads.
+#[derive(Debug, Default, Deserialize)]
+pub struct OciLinux {
+    /// Device nodes the runtime creates beyond its defaults.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub devices: Vec<serde_json::Value>,
+}
+
+impl OciConfig {
+    /// Parses a container's `config.json`.
+    pub fn parse(json: &str) -> Result<OciConfig, JsonError> {
+        parse("init (the container's config.json)", json)
     }
 }
 

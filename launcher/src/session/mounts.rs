@@ -1,43 +1,107 @@
-//! Step 4's check before the command starts: the sandbox container, created and not yet started, has
-//! exactly the mounts the launcher asked for ([`args::sandbox_mounts`]).
+//! Step 4's check before the command starts: the sandbox container mounts what the launcher asked for
+//! ([`args::sandbox_mounts`]), podman's own files and kernel file systems, and nothing else.
 //!
-//! podman's own configuration can add mounts to every container: `volumes` and `mounts` under
-//! `[containers]` in a containers.conf (the system's, the user's, or `$CONTAINERS_CONF`). A line there
-//! such as `volumes = ["/home/me:/home/me"]` would show the user's home in every sandbox, against the
-//! one promise that only the project is visible. So the container is created, `podman container
-//! inspect` is read, and anything else (another host path, a volume, a tmpfs, one of ours from another
-//! source or writable where it was asked read-only, one of ours missing) stops the session with the
-//! list and where to remove it. What mounts.conf adds at start (`/run/secrets` from the host's
-//! subscription files) is not in the inspect; `agent-sandbox doctor` reports it from inside.
+//! podman's configuration can add mounts to every container: `volumes` in a containers.conf (the
+//! system's, the user's, or `$CONTAINERS_CONF`), including `:O` overlays that `podman container
+//! inspect` never lists; the files a mounts.conf copies to `/run/secrets` (the host's subscription
+//! certificates, on RHEL); `devices`. A line such as `volumes = ["/home/me:/home/me"]` would show the
+//! user's home in every sandbox, against the one promise that only the project is visible. So the
+//! container is created and initialised (`podman init` prepares its mounts and writes the OCI
+//! configuration the runtime will run), that `config.json` is read, and anything it would mount beyond
+//! the allowed set stops the session with the list and where to remove it. Only then is it started.
+//!
+//! The allowed set, by destination:
+//! - ours: the same source (a volume: its `_data` directory) and, for a tmpfs cover, a tmpfs;
+//! - `/proc`, `/sys`, `/sys/fs/cgroup`, `/dev`, `/dev/pts`, `/dev/mqueue`, `/dev/shm`: the kernel file
+//!   system podman mounts there (no host path);
+//! - `/etc/hostname`, `/run/.containerenv`, `/etc/passwd`, `/etc/group`, `/dev/shm`, `/run/secrets`:
+//!   files podman writes for this container (or its pod's infra container: `/dev/shm`), which live in
+//!   a container's `userdata` directory of podman's storage; `/run/secrets` only while empty;
+//! - `/run/podman-init`: the init binary `--init` asks for.
+//!
+//! And no device node beyond the runtime's defaults.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::ffi::OsStr;
+use std::path::{Component, Path};
 
 use anyhow::Context as _;
 
 use crate::podman::args::{self, SandboxMount};
-use crate::podman::json::{ContainerInspect, InspectMount};
-use crate::podman::{Podman, SandboxSpec};
+use crate::podman::json::{ContainerInspect, OciConfig, OciMount};
+use crate::podman::{Podman, SandboxSpec, UserMapping};
 
-/// Creates the sandbox container of `spec` and refuses it (it is left to the session's cleanup,
-/// which removes the pod) unless it has exactly the mounts asked for.
+/// The most of a container's `config.json` read (a real one is a few KiB).
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Kernel file systems podman mounts, with their destination.
+const KERNEL_MOUNTS: &[(&str, &[&str])] = &[
+    ("/proc", &["proc"]),
+    ("/sys", &["sysfs"]),
+    ("/sys/fs/cgroup", &["cgroup", "cgroup2"]),
+    ("/dev", &["tmpfs"]),
+    ("/dev/pts", &["devpts"]),
+    ("/dev/mqueue", &["mqueue"]),
+    ("/dev/shm", &["tmpfs"]),
+];
+
+/// Files podman writes for a container and binds from its storage.
+const PODMAN_FILES: &[&str] = &[
+    "/etc/hostname",
+    "/run/.containerenv",
+    "/etc/passwd",
+    "/etc/group",
+    "/dev/shm",
+    "/run/secrets",
+];
+
+/// Where `--init`'s binary is bound.
+const INIT_PATH: &str = "/run/podman-init";
+
+/// Creates and initialises the sandbox container of `spec`, and refuses it (it is left to the session's
+/// cleanup, which removes the pod) unless its OCI configuration mounts only what is allowed.
 pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Result<()> {
     podman
         .run(&args::sandbox_create(spec))
         .context("creating the sandbox container")?;
+    podman
+        .run(&args::container_init(&spec.name))
+        .context("initialising the sandbox container")?;
     let json = podman
         .run(&args::container_inspect(&spec.name))
-        .context("reading the sandbox container's mounts")?;
-    let inspect = ContainerInspect::parse(&json)?;
-    let problems = problems(&args::sandbox_mounts(spec), &inspect);
+        .context("finding the sandbox container's configuration")?;
+    let path = ContainerInspect::parse(&json)?.oci_config_path;
+    // Rootless, the container's storage belongs to its user namespace's users: read it from there.
+    let rootless = spec.user == UserMapping::KeepId;
+    let text = if rootless {
+        podman
+            .run(&args::unshare_cat(&path))
+            .map_err(anyhow::Error::from)
+    } else {
+        read_capped(&path)
+    }
+    .with_context(|| format!("reading the sandbox's {}", path.display()))?;
+    let config = OciConfig::parse(&text)?;
+    let problems = problems(&args::sandbox_mounts(spec), &config, |dir| {
+        if rootless {
+            podman
+                .run(&args::unshare_ls(dir))
+                .map(|listing| listing.trim().is_empty())
+                .map_err(std::io::Error::other)
+        } else {
+            std::fs::read_dir(dir).map(|mut d| d.next().is_none())
+        }
+    });
     if !problems.is_empty() {
         anyhow::bail!(
-            "refusing to start the sandbox: podman would give it mounts the launcher did not ask \
-             for:\n{}\nThey come from podman's configuration: `volumes` or `mounts` under \
-             [containers] in containers.conf ($CONTAINERS_CONF, ~/.config/containers/, \
-             /etc/containers/, /usr/share/containers/; `podman --log-level=debug info` names the \
-             files it merged). Remove them there: the sandbox must see the project and nothing else of this \
-             machine",
+            "refusing to start the sandbox: podman would give it mounts or devices the launcher did \
+             not ask for:\n{}\nThey come from podman's configuration: `volumes` (`:O` overlays \
+             included) or `devices` under [containers] in containers.conf ($CONTAINERS_CONF, \
+             ~/.config/containers/, /etc/containers/, /usr/share/containers/; `podman \
+             --log-level=debug info` names the files it merged), or for /run/secrets a mounts.conf \
+             line (/etc/containers/mounts.conf, /usr/share/containers/mounts.conf, \
+             ~/.config/containers/mounts.conf). Remove them there: the sandbox must see the project and \
+             nothing else of this machine",
             problems
                 .iter()
                 .map(|p| format!("  - {p}"))
@@ -48,35 +112,47 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
     Ok(())
 }
 
-/// Every way the inspected mounts differ from `expected`, one line each.
-fn problems(expected: &[SandboxMount], got: &ContainerInspect) -> Vec<String> {
+/// A file of at most [`MAX_CONFIG_BYTES`].
+fn read_capped(path: &Path) -> anyhow::Result<String> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(std::fs::File::open(path)?, MAX_CONFIG_BYTES),
+        &mut text,
+    )?;
+    Ok(text)
+}
+
+/// Every way `config` differs from the allowed set, one line each. `empty_dir` tells whether a
+/// directory on the host is empty (an error: it cannot be read, so it is not taken as empty).
+fn problems(
+    expected: &[SandboxMount],
+    config: &OciConfig,
+    empty_dir: impl Fn(&Path) -> std::io::Result<bool>,
+) -> Vec<String> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
-    let asked = |destination: &Path| expected.iter().find(|e| e.destination() == destination);
-    for m in &got.mounts {
-        let matches = match asked(&m.destination) {
-            Some(SandboxMount::Bind {
-                source, writable, ..
-            }) => m.kind == "bind" && same_path(&m.source, source) && (*writable || !m.rw),
-            Some(SandboxMount::Volume { name, .. }) => m.kind == "volume" && m.name == *name,
-            Some(SandboxMount::Tmpfs { .. }) => m.kind == "tmpfs",
-            None => false,
-        };
-        if matches && seen.insert(m.destination.clone()) {
+    for m in &config.mounts {
+        let ours = expected
+            .iter()
+            .find(|e| e.destination() == m.destination)
+            .is_some_and(|e| is_ours(e, m));
+        if ours {
+            if seen.insert(m.destination.clone()) {
+                continue;
+            }
+            out.push(describe(m, "a second time"));
             continue;
         }
-        out.push(describe(m));
-    }
-    let mut tmpfs: Vec<_> = got.host_config.tmpfs.keys().collect();
-    tmpfs.sort();
-    for destination in tmpfs {
-        if matches!(asked(destination), Some(SandboxMount::Tmpfs { .. }))
-            && (seen.insert(destination.clone())
-                || got.mounts.iter().any(|m| &m.destination == destination))
-        {
-            continue;
+        if let Some(reason) = podmans_own(m, &empty_dir) {
+            match reason {
+                Ok(()) => continue,
+                Err(why) => {
+                    out.push(describe(m, why));
+                    continue;
+                }
+            }
         }
-        out.push(format!("a tmpfs at {}", destination.display()));
+        out.push(describe(m, "not asked for"));
     }
     for e in expected {
         if !seen.contains(e.destination()) {
@@ -86,29 +162,104 @@ fn problems(expected: &[SandboxMount], got: &ContainerInspect) -> Vec<String> {
             ));
         }
     }
+    // The same line twice says nothing more (rootless podman binds a device node once per request).
+    let mut said = HashSet::new();
+    out.retain(|line| said.insert(line.clone()));
+    if !config.linux.devices.is_empty() {
+        let paths: Vec<String> = config
+            .linux
+            .devices
+            .iter()
+            .map(|d| d["path"].as_str().unwrap_or("?").to_owned())
+            .collect();
+        out.push(format!("device nodes: {}", paths.join(", ")));
+    }
     out
 }
 
-/// One inspected mount, for the user.
-fn describe(m: &InspectMount) -> String {
-    let access = if m.rw { "read-write" } else { "read-only" };
-    match m.kind.as_str() {
-        "volume" => format!(
-            "volume {} at {} ({access})",
-            m.name,
-            m.destination.display()
-        ),
-        "bind" => format!(
-            "{} at {} ({access})",
-            m.source.display(),
-            m.destination.display()
-        ),
-        kind => format!(
-            "a {kind} mount of {} at {} ({access})",
-            m.source.display(),
-            m.destination.display()
-        ),
+/// Whether `m` is the mount `e` asks for.
+fn is_ours(e: &SandboxMount, m: &OciMount) -> bool {
+    let read_only = m.options.iter().any(|o| o == "ro");
+    match e {
+        SandboxMount::Bind {
+            source, writable, ..
+        } => m.kind == "bind" && same_path(&m.source, source) && (*writable || read_only),
+        SandboxMount::Volume { name, .. } => {
+            m.kind == "bind"
+                && m.source
+                    .ends_with(Path::new("volumes").join(name).join("_data"))
+                && m.source.file_name() == Some(OsStr::new("_data"))
+        }
+        SandboxMount::Tmpfs { .. } => m.kind == "tmpfs" && read_only,
     }
+}
+
+/// None: `m` is none of podman's own mounts. Some(Ok): it is one. Some(Err): it is at the place of
+/// one but not what podman puts there (why).
+fn podmans_own(
+    m: &OciMount,
+    empty_dir: &impl Fn(&Path) -> std::io::Result<bool>,
+) -> Option<Result<(), &'static str>> {
+    let destination = m.destination.to_str()?;
+    if KERNEL_MOUNTS
+        .iter()
+        .any(|(d, kinds)| *d == destination && kinds.contains(&m.kind.as_str()))
+    {
+        return Some(Ok(()));
+    }
+    if destination == INIT_PATH {
+        return Some(if m.kind == "bind" && m.options.iter().any(|o| o == "ro") {
+            Ok(())
+        } else {
+            Err("not the read-only init binary")
+        });
+    }
+    if PODMAN_FILES.contains(&destination) {
+        if m.kind != "bind" || !in_container_storage(&m.source) {
+            return Some(Err("not from podman's storage"));
+        }
+        if destination == "/run/secrets" {
+            return Some(match empty_dir(&m.source) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("holding files a mounts.conf copied from this machine"),
+                Err(_) => Err("which cannot be read to tell it is empty"),
+            });
+        }
+        return Some(Ok(()));
+    }
+    None
+}
+
+/// Whether `path` lies in a container's `userdata` directory in podman's storage:
+/// `…/<driver>-containers/<64 hex digits>/userdata/…`, with no `..` on the way.
+fn in_container_storage(path: &Path) -> bool {
+    let parts: Vec<Component<'_>> = path.components().collect();
+    if !path.is_absolute() || parts.iter().any(|c| matches!(c, Component::ParentDir)) {
+        return false;
+    }
+    parts.windows(3).any(|w| {
+        let text = |c: &Component<'_>| c.as_os_str().to_str().unwrap_or("").to_owned();
+        let (store, id, userdata) = (text(&w[0]), text(&w[1]), text(&w[2]));
+        store.ends_with("-containers")
+            && id.len() == 64
+            && id.bytes().all(|b| b.is_ascii_hexdigit())
+            && userdata == "userdata"
+    })
+}
+
+/// One mount of the configuration, for the user.
+fn describe(m: &OciMount, why: &str) -> String {
+    let access = if m.options.iter().any(|o| o == "ro") {
+        "read-only"
+    } else {
+        "read-write"
+    };
+    format!(
+        "{} at {} ({}, {access}): {why}",
+        m.source.display(),
+        m.destination.display(),
+        m.kind
+    )
 }
 
 /// The same path as given, or after symbolic links are resolved (podman may report either).
@@ -126,17 +277,91 @@ mod tests {
 
     use super::*;
 
-    /// What podman 4.3.1 answered for a sandbox created with a covered directory and a covered file,
-    /// and a containers.conf with `volumes = ["/srv/extra:/extra:ro"]` (captured, trimmed to the keys
-    /// read).
-    const INSPECT: &str = r#"[{"Mounts":[
-        {"Type":"volume","Name":"home-vol","Source":"/var/lib/containers/storage/volumes/home-vol/_data","Destination":"/home/u","RW":true},
-        {"Type":"bind","Source":"/p","Destination":"/p","RW":true},
-        {"Type":"bind","Source":"/dev/null","Destination":"/p/key","RW":false},
-        {"Type":"bind","Source":"/run/s/hosts","Destination":"/etc/hosts","RW":false},
-        {"Type":"bind","Source":"/run/s/resolv","Destination":"/etc/resolv.conf","RW":false},
-        {"Type":"bind","Source":"/srv/extra","Destination":"/extra","RW":false}],
-        "HostConfig":{"Tmpfs":{"/p/usb":"size=4096,ro,rprivate,nosuid,nodev,notmpcopyup"}}}]"#;
+    const ID: &str = "c371764706c4188e0f198195c57be1df108835fd54e1393b4e6c03dcb4decf29";
+    const INFRA: &str = "119a99f242d0ddc386878b6df496d90c40db615bb1f6e3ea3596f67bbfb15df6";
+
+    /// The mounts of a rootful sandbox's config.json as podman 4.3.1 wrote it (captured; the session
+    /// paths shortened), with a covered directory and a covered file added.
+    fn config() -> String {
+        let m = |d: &str, t: &str, s: &str, o: &str| {
+            format!(
+                r#"{{"destination":"{d}","type":"{t}","source":"{s}","options":[{}]}}"#,
+                o.split(',')
+                    .map(|x| format!("\"{x}\""))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        };
+        let store = "/var/lib/containers/storage/overlay-containers";
+        let run = "/run/containers/storage/overlay-containers";
+        let mounts = [
+            m("/proc", "proc", "proc", "nosuid,noexec,nodev"),
+            m(
+                "/root",
+                "bind",
+                "/var/lib/containers/storage/volumes/home-vol/_data",
+                "rw,rprivate,nosuid,nodev,rbind",
+            ),
+            m("/sys", "sysfs", "sysfs", "nosuid,noexec,nodev,ro"),
+            m(
+                "/dev",
+                "tmpfs",
+                "tmpfs",
+                "nosuid,noexec,strictatime,mode=755,size=65536k",
+            ),
+            m(
+                "/etc/resolv.conf",
+                "bind",
+                "/run/s/resolv.conf",
+                "ro,rprivate,rbind",
+            ),
+            m(
+                "/run/podman-init",
+                "bind",
+                "/usr/libexec/podman/catatonit",
+                "bind,ro,rprivate",
+            ),
+            m("/etc/hosts", "bind", "/run/s/hosts", "ro,rprivate,rbind"),
+            m(
+                "/dev/pts",
+                "devpts",
+                "devpts",
+                "nosuid,noexec,newinstance,ptmxmode=0666,mode=0620,gid=5",
+            ),
+            m("/dev/mqueue", "mqueue", "mqueue", "nosuid,noexec,nodev"),
+            m("/p", "bind", "/p", "rbind,rw,rprivate"),
+            m("/p/usb", "tmpfs", "tmpfs", "ro,size=4096,mode=0555"),
+            m("/p/key", "bind", "/dev/null", "ro,rprivate,rbind"),
+            m(
+                "/dev/shm",
+                "bind",
+                &format!("{store}/{INFRA}/userdata/shm"),
+                "bind,rprivate,nosuid,noexec,nodev",
+            ),
+            m(
+                "/run/.containerenv",
+                "bind",
+                &format!("{run}/{ID}/userdata/.containerenv"),
+                "bind,rprivate",
+            ),
+            m(
+                "/etc/hostname",
+                "bind",
+                &format!("{run}/{ID}/userdata/hostname"),
+                "bind,rprivate",
+            ),
+            m(
+                "/sys/fs/cgroup",
+                "cgroup",
+                "cgroup",
+                "rprivate,nosuid,noexec,nodev,relatime,ro",
+            ),
+        ];
+        format!(
+            r#"{{"mounts":[{}],"linux":{{"devices":null}}}}"#,
+            mounts.join(",")
+        )
+    }
 
     fn expected() -> Vec<SandboxMount> {
         let bind = |s: &str, d: &str, writable| SandboxMount::Bind {
@@ -153,64 +378,140 @@ mod tests {
             },
             SandboxMount::Volume {
                 name: "home-vol".into(),
-                destination: "/home/u".into(),
+                destination: "/root".into(),
                 volume_opts: "",
             },
             bind("/run/s/hosts", "/etc/hosts", false),
-            bind("/run/s/resolv", "/etc/resolv.conf", false),
+            bind("/run/s/resolv.conf", "/etc/resolv.conf", false),
         ]
     }
 
-    #[test]
-    fn a_mount_from_podmans_configuration_is_found() {
-        let got = ContainerInspect::parse(INSPECT).unwrap();
-        assert_eq!(
-            problems(&expected(), &got),
-            ["/srv/extra at /extra (read-only)"]
-        );
+    fn check(config: &OciConfig) -> Vec<String> {
+        problems(&expected(), config, |dir| Ok(dir.ends_with("empty")))
+    }
+
+    fn with(f: impl Fn(&mut OciConfig)) -> Vec<String> {
+        let mut c = OciConfig::parse(&config()).unwrap();
+        f(&mut c);
+        check(&c)
+    }
+
+    fn mount(d: &str, t: &str, s: &str, o: &[&str]) -> OciMount {
+        OciMount {
+            destination: d.into(),
+            kind: t.into(),
+            source: s.into(),
+            options: o.iter().map(|s| (*s).to_owned()).collect(),
+        }
     }
 
     #[test]
-    fn exactly_what_was_asked_passes() {
-        let mut got = ContainerInspect::parse(INSPECT).unwrap();
-        got.mounts.retain(|m| m.destination != Path::new("/extra"));
-        assert!(problems(&expected(), &got).is_empty());
+    fn a_real_sandbox_passes() {
+        assert_eq!(with(|_| {}), Vec::<String>::new());
     }
 
     #[test]
-    fn ours_changed_or_missing_is_found() {
-        let with = |f: &dyn Fn(&mut ContainerInspect)| {
-            let mut got = ContainerInspect::parse(INSPECT).unwrap();
-            got.mounts.retain(|m| m.destination != Path::new("/extra"));
-            f(&mut got);
-            problems(&expected(), &got)
+    fn what_podmans_configuration_adds_is_found() {
+        // A containers.conf volume, an `:O` overlay (never in `podman container inspect`), a device.
+        let p = with(|c| {
+            c.mounts
+                .push(mount("/extra", "bind", "/srv/extra", &["ro", "rbind"]))
+        });
+        assert_eq!(p, ["/srv/extra at /extra (bind, read-only): not asked for"]);
+        let p = with(|c| {
+            c.mounts.push(mount(
+                "/sec",
+                "overlay",
+                "overlay",
+                &["lowerdir=/home/me/secret"],
+            ))
+        });
+        assert_eq!(p, ["overlay at /sec (overlay, read-write): not asked for"]);
+        let p = with(|c| {
+            c.linux.devices = vec![serde_json::json!({"path": "/dev/vda", "type": "b"})];
+        });
+        assert_eq!(p, ["device nodes: /dev/vda"]);
+        // mounts.conf: /run/secrets from the container's storage, empty or not.
+        let secrets = |dir: &str| {
+            with(move |c| {
+                c.mounts.push(mount(
+                    "/run/secrets",
+                    "bind",
+                    &format!("/var/lib/containers/storage/overlay-containers/{ID}/userdata/{dir}"),
+                    &["bind", "rprivate"],
+                ));
+            })
         };
-        // Another source at one of our destinations; writable where read-only was asked; another
-        // volume for the home; an extra tmpfs; the cover of a directory missing; our mount twice.
-        let p = with(&|g| g.mounts[3].source = PathBuf::from("/home/me/.ssh"));
+        assert!(secrets("empty").is_empty());
+        assert_eq!(secrets("run/secrets").len(), 1);
+        assert!(secrets("run/secrets")[0]
+            .ends_with("holding files a mounts.conf copied from this machine"));
+    }
+
+    #[test]
+    fn ours_or_podmans_changed_is_found() {
+        // Another source at one of our destinations, or at one of podman's own files.
+        let p = with(|c| c.mounts[6].source = PathBuf::from("/home/me/.ssh/config"));
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].starts_with("/home/me/.ssh/config at /etc/hosts"),
+            "{p:?}"
+        );
+        assert!(p[1].starts_with("/etc/hosts is missing"), "{p:?}");
+        let p = with(|c| c.mounts[14].source = PathBuf::from("/home/me/hostname"));
         assert_eq!(
             p,
-            [
-                "/home/me/.ssh at /etc/hosts (read-only)",
-                "/etc/hosts is missing (asked for: Bind { source: \"/run/s/hosts\", destination: \"/etc/hosts\", writable: false, volume_opts: Some(\":ro\") })"
-            ]
+            ["/home/me/hostname at /etc/hostname (bind, read-write): not from podman's storage"]
         );
-        let p = with(&|g| g.mounts[4].rw = true);
-        assert_eq!(p[0], "/run/s/resolv at /etc/resolv.conf (read-write)");
-        let p = with(&|g| g.mounts[0].name = "other".into());
-        assert_eq!(p[0], "volume other at /home/u (read-write)");
-        let p = with(&|g| {
-            g.host_config.tmpfs.insert("/tmp".into(), String::new());
+        let p = with(|c| {
+            c.mounts[14].source =
+                PathBuf::from(format!("/var/lib/containers/storage/overlay-containers/{ID}/userdata/../../../../../../home"));
         });
-        assert_eq!(p, ["a tmpfs at /tmp"]);
-        let p = with(&|g| g.host_config.tmpfs.clear());
+        assert_eq!(p.len(), 1, "{p:?}");
+        // Writable where read-only was asked; a volume of another name; a cover that is no tmpfs.
+        assert_eq!(
+            with(|c| c.mounts[4].options = vec!["rbind".into()]).len(),
+            2
+        );
+        assert_eq!(
+            with(|c| c.mounts[1].source = "/var/lib/containers/storage/volumes/other/_data".into())
+                .len(),
+            2
+        );
+        assert_eq!(with(|c| c.mounts[10].kind = "bind".into()).len(), 2);
+        // A kernel file system at another place, and ours twice.
+        let p = with(|c| c.mounts.push(mount("/mnt", "tmpfs", "tmpfs", &[])));
+        assert_eq!(p, ["tmpfs at /mnt (tmpfs, read-write): not asked for"]);
+        let p = with(|c| {
+            let again = c.mounts[9].clone();
+            c.mounts.push(again);
+        });
+        assert_eq!(p, ["/p at /p (bind, read-write): a second time"]);
+        // A /run/secrets that cannot be read is not taken as empty.
+        let mut c = OciConfig::parse(&config()).unwrap();
+        c.mounts.push(mount(
+            "/run/secrets",
+            "bind",
+            &format!("/run/containers/storage/overlay-containers/{ID}/userdata/run/secrets"),
+            &[],
+        ));
+        let p = problems(&expected(), &c, |_| Err(std::io::Error::other("denied")));
         assert_eq!(p.len(), 1);
-        assert!(p[0].starts_with("/p/usb is missing"), "{p:?}");
-        let p = with(&|g| {
-            let again = g.mounts[1].clone();
-            g.mounts.push(again);
-        });
-        assert_eq!(p, ["/p at /p (read-write)"]);
+    }
+
+    #[test]
+    fn podmans_storage_is_told_by_its_shape() {
+        let ok =
+            format!("/home/u/.local/share/containers/storage/vfs-containers/{ID}/userdata/shm");
+        assert!(in_container_storage(Path::new(&ok)));
+        for bad in [
+            "/home/u/overlay-containers/short/userdata/shm".to_owned(),
+            format!("relative/overlay-containers/{ID}/userdata/x"),
+            format!("/x/overlay-containers/{ID}/other/x"),
+            "/etc/passwd".to_owned(),
+        ] {
+            assert!(!in_container_storage(Path::new(&bad)), "{bad}");
+        }
     }
 
     #[test]
@@ -218,5 +519,11 @@ mod tests {
         assert!(ContainerInspect::parse("[]").is_err());
         assert!(ContainerInspect::parse("null").is_err());
         assert!(ContainerInspect::parse("{").is_err());
+        assert_eq!(
+            ContainerInspect::parse(r#"[{"OCIConfigPath":"/x/config.json"}]"#)
+                .unwrap()
+                .oci_config_path,
+            PathBuf::from("/x/config.json")
+        );
     }
 }

@@ -130,50 +130,66 @@ fn terminal(s: &mut Suite<'_>) {
     );
 }
 
-/// A containers.conf with `volumes` (the suite's own settings plus one host directory): the launcher
-/// refuses to start the sandbox, names the volume and where it comes from, runs nothing in it and
-/// leaves no session object behind.
+/// A containers.conf with `volumes` (the suite's own settings plus one host directory, bound read-only
+/// and as an `:O` overlay, which `podman container inspect` does not list), or with `devices`: the
+/// launcher refuses to start the sandbox, names what it found and where it comes from, runs nothing
+/// in it and leaves no session object behind.
 fn configured_volume(s: &mut Suite<'_>) {
     let name = s.mode.name().to_owned();
-    let dir = s.project("configured-volume");
     let outside = s.fx.root.join("configured-volume-outside");
     fs::create_dir_all(&outside).unwrap();
     let base = std::env::var("CONTAINERS_CONF")
         .ok()
         .and_then(|p| fs::read_to_string(p).ok())
         .unwrap_or_default();
-    let conf = s.fx.root.join("configured-volume.conf");
-    let volume = format!("volumes = [\"{}:/as-e2e-outside:ro\"]\n", outside.display());
-    let text = if base.contains("[containers]") {
-        base.replacen("[containers]\n", &format!("[containers]\n{volume}"), 1)
-    } else {
-        format!("{base}\n[containers]\n{volume}")
-    };
-    fs::write(&conf, text).unwrap();
-    fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    let ran = dir.join("ran-in-sandbox");
-    let r = s.launch_env(
-        &dir,
-        &["--exec", "touch", ran.to_str().unwrap()],
-        &[("CONTAINERS_CONF", conf.display().to_string())],
-    );
-    let left = s.session_objects(&dir);
-    s.checks.check(
-        r.code != Some(0)
-            && r.stderr.contains("refusing to start the sandbox")
-            && r.stderr.contains(&format!(
-                "{} at /as-e2e-outside (read-only)",
-                outside.display()
-            ))
-            && r.stderr.contains("containers.conf")
-            && !ran.exists()
-            && left.is_empty(),
-        format!(
-            "[{name}] a volume from containers.conf stops the session before its command: \
-             code {:?}, ran {}, left {left:?}\n{}",
-            r.code,
-            ran.exists(),
-            r.stderr
+    let cases = [
+        (
+            "bind",
+            format!("volumes = [\"{}:/as-e2e-outside:ro\"]", outside.display()),
+            format!("{} at /as-e2e-outside (bind, read-only)", outside.display()),
         ),
-    );
+        (
+            "overlay",
+            format!("volumes = [\"{}:/as-e2e-outside:O\"]", outside.display()),
+            "at /as-e2e-outside (overlay".to_owned(),
+        ),
+        (
+            "device",
+            "devices = [\"/dev/fuse:/dev/as-e2e-fuse\"]".to_owned(),
+            "/dev/as-e2e-fuse".to_owned(),
+        ),
+    ];
+    for (case, line, found) in cases {
+        let dir = s.project(&format!("configured-{case}"));
+        let conf = s.fx.root.join(format!("configured-{case}.conf"));
+        let text = if base.contains("[containers]") {
+            base.replacen("[containers]\n", &format!("[containers]\n{line}\n"), 1)
+        } else {
+            format!("{base}\n[containers]\n{line}\n")
+        };
+        fs::write(&conf, text).unwrap();
+        fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        let ran = dir.join("ran-in-sandbox");
+        let r = s.launch_env(
+            &dir,
+            &["--exec", "touch", ran.to_str().unwrap()],
+            &[("CONTAINERS_CONF", conf.display().to_string())],
+        );
+        let left = s.session_objects(&dir);
+        s.checks.check(
+            r.code != Some(0)
+                && r.stderr.contains("refusing to start the sandbox")
+                && r.stderr.contains(&found)
+                && r.stderr.contains("containers.conf")
+                && !ran.exists()
+                && left.is_empty(),
+            format!(
+                "[{name}] {case} from containers.conf stops the session before its command: \
+                 code {:?}, ran {}, left {left:?}\n{}",
+                r.code,
+                ran.exists(),
+                r.stderr
+            ),
+        );
+    }
 }
