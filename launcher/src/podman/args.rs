@@ -552,11 +552,15 @@ pub fn container_init(name: &str) -> Vec<OsString> {
     Argv::new(&["init", name]).done()
 }
 
-/// A file printed from inside rootless podman's user namespace (`podman unshare cat`), where the
-/// storage's files owned by the container's users can be read.
+/// At most `max` bytes of a file, printed from inside rootless podman's user namespace (`podman
+/// unshare head`), where the storage's files owned by the container's users can be read.
 #[must_use]
-pub fn unshare_cat(path: &Path) -> Vec<OsString> {
-    Argv::new(&["unshare", "cat", "--"]).arg(path).done()
+pub fn unshare_read(path: &Path, max: u64) -> Vec<OsString> {
+    Argv::new(&["unshare", "head", "-c"])
+        .arg(max.to_string())
+        .arg("--")
+        .arg(path)
+        .done()
 }
 
 /// A directory's entries listed from inside rootless podman's user namespace (`podman unshare ls`).

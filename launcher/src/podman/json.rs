@@ -367,9 +367,16 @@ impl Volume {
 /// `podman container inspect NAME`: where an initialised container's OCI configuration is.
 #[derive(Debug, Default, Deserialize)]
 pub struct ContainerInspect {
-    /// The container's `config.json`, written by `podman init` (empty before).
+    /// Its full id.
+    #[serde(rename = "Id", default)]
+    pub id: String,
+    /// The container's `config.json`, written by `podman init` (empty before), in its `userdata`
+    /// directory under podman's storage root.
     #[serde(rename = "OCIConfigPath", default)]
     pub oci_config_path: PathBuf,
+    /// Its `/etc/hostname`, in its `userdata` directory under podman's run root.
+    #[serde(rename = "HostnamePath", default)]
+    pub hostname_path: PathBuf,
 }
 
 impl ContainerInspect {

@@ -13,17 +13,19 @@
 //! The allowed set, by destination:
 //! - ours: the same source (a volume: its `_data` directory) and, for a tmpfs cover, a tmpfs;
 //! - `/proc`, `/sys`, `/sys/fs/cgroup`, `/dev`, `/dev/pts`, `/dev/mqueue`, `/dev/shm`: the kernel file
-//!   system podman mounts there (no host path);
-//! - `/etc/hostname`, `/run/.containerenv`, `/etc/passwd`, `/etc/group`, `/dev/shm`, `/run/secrets`:
-//!   files podman writes for this container (or its pod's infra container: `/dev/shm`), which live in
-//!   a container's `userdata` directory of podman's storage; `/run/secrets` only while empty;
-//! - `/run/podman-init`: the init binary `--init` asks for.
+//!   system podman mounts there, never as a bind (and rootless podman 4.5 and later: the host's `/sys`,
+//!   read-only, at `/sys`);
+//! - the files podman writes for this container, each from its own name in this container's
+//!   `userdata` directory of podman's storage (`/dev/shm`: the pod's infra container's):
+//!   `/etc/hostname`, `/run/.containerenv`, `/etc/passwd`, `/etc/group`, `/etc/localtime` (`tz`),
+//!   `/dev/shm`, and `/run/secrets` while it is empty;
+//! - `/run/podman-init`: the init binary `--init` asks for (catatonit, tini or dumb-init), read-only.
 //!
 //! And no device node beyond the runtime's defaults.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::path::{Component, Path};
+use std::path::Path;
 
 use anyhow::Context as _;
 
@@ -45,18 +47,77 @@ const KERNEL_MOUNTS: &[(&str, &[&str])] = &[
     ("/dev/shm", &["tmpfs"]),
 ];
 
-/// Files podman writes for a container and binds from its storage.
-const PODMAN_FILES: &[&str] = &[
-    "/etc/hostname",
-    "/run/.containerenv",
-    "/etc/passwd",
-    "/etc/group",
-    "/dev/shm",
-    "/run/secrets",
+/// Files podman writes for a container, where they show and their path in its `userdata` directory.
+const PODMAN_FILES: &[(&str, &str)] = &[
+    ("/etc/hostname", "hostname"),
+    ("/run/.containerenv", ".containerenv"),
+    ("/etc/passwd", "passwd"),
+    ("/etc/group", "group"),
+    ("/etc/localtime", "localtime"),
+    ("/dev/shm", "shm"),
+    ("/run/secrets", "run/secrets"),
 ];
 
-/// Where `--init`'s binary is bound.
+/// Where `--init`'s binary is bound, and the names it may have.
 const INIT_PATH: &str = "/run/podman-init";
+const INIT_NAMES: &[&str] = &["catatonit", "tini", "tini-static", "dumb-init"];
+
+/// What the check knows of the container: its id and the directories of podman's storage that hold
+/// containers (`…/overlay-containers` under the storage root and the run root).
+#[derive(Debug)]
+struct Container {
+    id: String,
+    stores: Vec<std::path::PathBuf>,
+}
+
+impl Container {
+    fn from_inspect(inspect: &ContainerInspect) -> anyhow::Result<Container> {
+        let store_of = |path: &Path| -> Option<std::path::PathBuf> {
+            let userdata = path.parent()?;
+            let id = userdata.parent()?;
+            (userdata.file_name()? == "userdata" && id.file_name()? == OsStr::new(&inspect.id))
+                .then(|| id.parent().map(Path::to_owned))?
+        };
+        let stores: Vec<_> = [&inspect.oci_config_path, &inspect.hostname_path]
+            .into_iter()
+            .filter_map(|p| store_of(p))
+            .collect();
+        anyhow::ensure!(
+            inspect.id.len() == 64 && !stores.is_empty(),
+            "podman container inspect did not say where the sandbox container's files are (id {:?}, \
+             {})",
+            inspect.id,
+            inspect.oci_config_path.display()
+        );
+        Ok(Container {
+            id: inspect.id.clone(),
+            stores,
+        })
+    }
+
+    /// Whether `source` is `<store>/<id>/userdata/<file>` for one of the stores, with this
+    /// container's id (any container's, when `any_container`: the pod's infra container's `/dev/shm`).
+    fn holds(&self, source: &Path, file: &str, any_container: bool) -> bool {
+        self.stores.iter().any(|store| {
+            let Ok(rest) = source.strip_prefix(store) else {
+                return false;
+            };
+            let parts: Vec<&OsStr> = rest.iter().collect();
+            let id_ok = parts.first().is_some_and(|id| {
+                let id = id.to_string_lossy();
+                if any_container {
+                    id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
+                } else {
+                    id == self.id
+                }
+            });
+            let file_parts: Vec<&OsStr> = Path::new(file).iter().collect();
+            id_ok
+                && parts.get(1) == Some(&OsStr::new("userdata"))
+                && parts.get(2..) == Some(&file_parts[..])
+        })
+    }
+}
 
 /// Creates and initialises the sandbox container of `spec`, and refuses it (it is left to the session's
 /// cleanup, which removes the pod) unless its OCI configuration mounts only what is allowed.
@@ -70,19 +131,21 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
     let json = podman
         .run(&args::container_inspect(&spec.name))
         .context("finding the sandbox container's configuration")?;
-    let path = ContainerInspect::parse(&json)?.oci_config_path;
+    let inspect = ContainerInspect::parse(&json)?;
+    let container = Container::from_inspect(&inspect)?;
+    let path = inspect.oci_config_path;
     // Rootless, the container's storage belongs to its user namespace's users: read it from there.
     let rootless = spec.user == UserMapping::KeepId;
     let text = if rootless {
         podman
-            .run(&args::unshare_cat(&path))
+            .run(&args::unshare_read(&path, MAX_CONFIG_BYTES))
             .map_err(anyhow::Error::from)
     } else {
         read_capped(&path)
     }
     .with_context(|| format!("reading the sandbox's {}", path.display()))?;
     let config = OciConfig::parse(&text)?;
-    let problems = problems(&args::sandbox_mounts(spec), &config, |dir| {
+    let problems = problems(&args::sandbox_mounts(spec), &container, &config, |dir| {
         if rootless {
             podman
                 .run(&args::unshare_ls(dir))
@@ -96,12 +159,13 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
         anyhow::bail!(
             "refusing to start the sandbox: podman would give it mounts or devices the launcher did \
              not ask for:\n{}\nThey come from podman's configuration: `volumes` (`:O` overlays \
-             included) or `devices` under [containers] in containers.conf ($CONTAINERS_CONF, \
-             ~/.config/containers/, /etc/containers/, /usr/share/containers/; `podman \
-             --log-level=debug info` names the files it merged), or for /run/secrets a mounts.conf \
-             line (/etc/containers/mounts.conf, /usr/share/containers/mounts.conf, \
-             ~/.config/containers/mounts.conf). Remove them there: the sandbox must see the project and \
-             nothing else of this machine",
+             included), `devices` or `init_path` under [containers] in containers.conf \
+             ($CONTAINERS_CONF, ~/.config/containers/, /etc/containers/, /usr/share/containers/; \
+             `podman --log-level=debug info` names the files it merged), or a mounts.conf (only the \
+             first of ~/.config/containers/mounts.conf for rootless podman, \
+             /etc/containers/mounts.conf and /usr/share/containers/mounts.conf is read, so an empty one \
+             earlier in that list overrides the packaged one). Remove them there: the sandbox must see \
+             the project and nothing else of this machine",
             problems
                 .iter()
                 .map(|p| format!("  - {p}"))
@@ -126,6 +190,7 @@ fn read_capped(path: &Path) -> anyhow::Result<String> {
 /// directory on the host is empty (an error: it cannot be read, so it is not taken as empty).
 fn problems(
     expected: &[SandboxMount],
+    container: &Container,
     config: &OciConfig,
     empty_dir: impl Fn(&Path) -> std::io::Result<bool>,
 ) -> Vec<String> {
@@ -143,7 +208,7 @@ fn problems(
             out.push(describe(m, "a second time"));
             continue;
         }
-        if let Some(reason) = podmans_own(m, &empty_dir) {
+        if let Some(reason) = podmans_own(m, container, &empty_dir) {
             match reason {
                 Ok(()) => continue,
                 Err(why) => {
@@ -198,53 +263,48 @@ fn is_ours(e: &SandboxMount, m: &OciMount) -> bool {
 /// one but not what podman puts there (why).
 fn podmans_own(
     m: &OciMount,
+    container: &Container,
     empty_dir: &impl Fn(&Path) -> std::io::Result<bool>,
 ) -> Option<Result<(), &'static str>> {
     let destination = m.destination.to_str()?;
-    if KERNEL_MOUNTS
-        .iter()
-        .any(|(d, kinds)| *d == destination && kinds.contains(&m.kind.as_str()))
+    let read_only = m.options.iter().any(|o| o == "ro");
+    let bind = m.kind == "bind" || m.options.iter().any(|o| o == "bind" || o == "rbind");
+    if !bind
+        && KERNEL_MOUNTS
+            .iter()
+            .any(|(d, kinds)| *d == destination && kinds.contains(&m.kind.as_str()))
     {
         return Some(Ok(()));
     }
-    if destination == INIT_PATH {
-        return Some(if m.kind == "bind" && m.options.iter().any(|o| o == "ro") {
-            Ok(())
-        } else {
-            Err("not the read-only init binary")
-        });
-    }
-    if PODMAN_FILES.contains(&destination) {
-        if m.kind != "bind" || !in_container_storage(&m.source) {
-            return Some(Err("not from podman's storage"));
-        }
-        if destination == "/run/secrets" {
-            return Some(match empty_dir(&m.source) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("holding files a mounts.conf copied from this machine"),
-                Err(_) => Err("which cannot be read to tell it is empty"),
-            });
-        }
+    // Rootless podman 4.5 and later binds the host's /sys read-only into a container that shares its
+    // pod's user and network namespaces.
+    if destination == "/sys" && m.kind == "bind" && m.source == Path::new("/sys") && read_only {
         return Some(Ok(()));
     }
-    None
-}
-
-/// Whether `path` lies in a container's `userdata` directory in podman's storage:
-/// `…/<driver>-containers/<64 hex digits>/userdata/…`, with no `..` on the way.
-fn in_container_storage(path: &Path) -> bool {
-    let parts: Vec<Component<'_>> = path.components().collect();
-    if !path.is_absolute() || parts.iter().any(|c| matches!(c, Component::ParentDir)) {
-        return false;
+    if destination == INIT_PATH {
+        let named = m
+            .source
+            .file_name()
+            .and_then(OsStr::to_str)
+            .is_some_and(|n| INIT_NAMES.contains(&n));
+        return Some(if m.kind == "bind" && read_only && named {
+            Ok(())
+        } else {
+            Err("not a read-only init binary (catatonit, tini or dumb-init): see init_path in containers.conf")
+        });
     }
-    parts.windows(3).any(|w| {
-        let text = |c: &Component<'_>| c.as_os_str().to_str().unwrap_or("").to_owned();
-        let (store, id, userdata) = (text(&w[0]), text(&w[1]), text(&w[2]));
-        store.ends_with("-containers")
-            && id.len() == 64
-            && id.bytes().all(|b| b.is_ascii_hexdigit())
-            && userdata == "userdata"
-    })
+    let (_, file) = PODMAN_FILES.iter().find(|(d, _)| *d == destination)?;
+    if m.kind != "bind" || !container.holds(&m.source, file, destination == "/dev/shm") {
+        return Some(Err("not the file podman writes there"));
+    }
+    if destination == "/run/secrets" {
+        return Some(match empty_dir(&m.source) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("holding files a mounts.conf copied from this machine"),
+            Err(_) => Err("which cannot be read to tell it is empty"),
+        });
+    }
+    Some(Ok(()))
 }
 
 /// One mount of the configuration, for the user.
@@ -386,8 +446,20 @@ mod tests {
         ]
     }
 
+    fn container() -> Container {
+        Container {
+            id: ID.into(),
+            stores: vec![
+                "/var/lib/containers/storage/overlay-containers".into(),
+                "/run/containers/storage/overlay-containers".into(),
+            ],
+        }
+    }
+
     fn check(config: &OciConfig) -> Vec<String> {
-        problems(&expected(), config, |dir| Ok(dir.ends_with("empty")))
+        problems(&expected(), &container(), config, |dir| {
+            Ok(dir.ends_with("empty"))
+        })
     }
 
     fn with(f: impl Fn(&mut OciConfig)) -> Vec<String> {
@@ -432,20 +504,17 @@ mod tests {
         });
         assert_eq!(p, ["device nodes: /dev/vda"]);
         // mounts.conf: /run/secrets from the container's storage, empty or not.
-        let secrets = |dir: &str| {
-            with(move |c| {
-                c.mounts.push(mount(
-                    "/run/secrets",
-                    "bind",
-                    &format!("/var/lib/containers/storage/overlay-containers/{ID}/userdata/{dir}"),
-                    &["bind", "rprivate"],
-                ));
-            })
-        };
-        assert!(secrets("empty").is_empty());
-        assert_eq!(secrets("run/secrets").len(), 1);
-        assert!(secrets("run/secrets")[0]
-            .ends_with("holding files a mounts.conf copied from this machine"));
+        let mut c = OciConfig::parse(&config()).unwrap();
+        c.mounts.push(mount(
+            "/run/secrets",
+            "bind",
+            &format!("/var/lib/containers/storage/overlay-containers/{ID}/userdata/run/secrets"),
+            &["bind", "rprivate"],
+        ));
+        let secrets = |empty: bool| problems(&expected(), &container(), &c, |_| Ok(empty));
+        assert!(secrets(true).is_empty());
+        assert_eq!(secrets(false).len(), 1);
+        assert!(secrets(false)[0].ends_with("holding files a mounts.conf copied from this machine"));
     }
 
     #[test]
@@ -461,7 +530,7 @@ mod tests {
         let p = with(|c| c.mounts[14].source = PathBuf::from("/home/me/hostname"));
         assert_eq!(
             p,
-            ["/home/me/hostname at /etc/hostname (bind, read-write): not from podman's storage"]
+            ["/home/me/hostname at /etc/hostname (bind, read-write): not the file podman writes there"]
         );
         let p = with(|c| {
             c.mounts[14].source =
@@ -495,23 +564,91 @@ mod tests {
             &format!("/run/containers/storage/overlay-containers/{ID}/userdata/run/secrets"),
             &[],
         ));
-        let p = problems(&expected(), &c, |_| Err(std::io::Error::other("denied")));
+        let p = problems(&expected(), &container(), &c, |_| {
+            Err(std::io::Error::other("denied"))
+        });
         assert_eq!(p.len(), 1);
     }
 
     #[test]
-    fn podmans_storage_is_told_by_its_shape() {
-        let ok =
-            format!("/home/u/.local/share/containers/storage/vfs-containers/{ID}/userdata/shm");
-        assert!(in_container_storage(Path::new(&ok)));
-        for bad in [
-            "/home/u/overlay-containers/short/userdata/shm".to_owned(),
-            format!("relative/overlay-containers/{ID}/userdata/x"),
-            format!("/x/overlay-containers/{ID}/other/x"),
-            "/etc/passwd".to_owned(),
+    fn podmans_files_are_told_by_container_and_name() {
+        let store = "/var/lib/containers/storage/overlay-containers";
+        let run = "/run/containers/storage/overlay-containers";
+        let at = |d: &str, source: String| {
+            with(move |c| {
+                c.mounts.retain(|m| m.destination != Path::new(d));
+                c.mounts
+                    .push(mount(d, "bind", &source, &["bind", "rprivate"]));
+            })
+        };
+        // podman's own: its name in this container's userdata, under either root.
+        assert!(at("/etc/passwd", format!("{store}/{ID}/userdata/passwd")).is_empty());
+        assert!(at("/etc/group", format!("{run}/{ID}/userdata/group")).is_empty());
+        assert!(at("/etc/localtime", format!("{run}/{ID}/userdata/localtime")).is_empty());
+        // A mounts.conf copy of a host file at /etc/group (userdata/etc/group); another container's
+        // files; the same shape outside podman's storage; a way out of it.
+        for (d, source) in [
+            ("/etc/group", format!("{run}/{ID}/userdata/etc/group")),
+            ("/etc/hostname", format!("{run}/{INFRA}/userdata/hostname")),
+            (
+                "/etc/passwd",
+                format!("/home/me/x-containers/{ID}/userdata/passwd"),
+            ),
+            (
+                "/etc/passwd",
+                format!("{store}/{ID}/userdata/../../../../../../home/me/passwd"),
+            ),
+            (
+                "/dev/shm",
+                format!("/home/me/overlay-containers/{INFRA}/userdata/shm"),
+            ),
         ] {
-            assert!(!in_container_storage(Path::new(&bad)), "{bad}");
+            let p = at(d, source.clone());
+            assert_eq!(p.len(), 1, "{source}: {p:?}");
+            assert!(p[0].ends_with("not the file podman writes there"), "{p:?}");
         }
+    }
+
+    #[test]
+    fn kernel_file_systems_and_the_init_binary_are_told_by_their_shape() {
+        // Rootless podman 4.5 and later: the host's /sys, read-only.
+        let sys = |options: &[&str]| {
+            with(|c| {
+                c.mounts.retain(|m| m.destination != Path::new("/sys"));
+                c.mounts.push(mount("/sys", "bind", "/sys", options));
+            })
+        };
+        assert!(sys(&["rprivate", "nosuid", "noexec", "nodev", "ro", "rbind"]).is_empty());
+        assert_eq!(sys(&["rbind"]).len(), 1);
+        // A "sysfs" that is a bind of a host directory.
+        let p = with(|c| {
+            c.mounts.retain(|m| m.destination != Path::new("/sys"));
+            c.mounts
+                .push(mount("/sys", "sysfs", "/home/me", &["rbind"]));
+        });
+        assert_eq!(p, ["/home/me at /sys (sysfs, read-write): not asked for"]);
+        // init_path naming another program.
+        let p = with(|c| c.mounts[5].source = "/home/me/run.sh".into());
+        assert_eq!(p.len(), 1);
+        assert!(p[0].contains("see init_path"), "{p:?}");
+        assert!(with(|c| c.mounts[5].source = "/usr/bin/tini".into()).is_empty());
+    }
+
+    #[test]
+    fn the_containers_stores_come_from_its_own_paths() {
+        let inspect = ContainerInspect::parse(&format!(
+            r#"[{{"Id":"{ID}","OCIConfigPath":"/var/lib/containers/storage/overlay-containers/{ID}/userdata/config.json",
+                "HostnamePath":"/run/containers/storage/overlay-containers/{ID}/userdata/hostname"}}]"#
+        ))
+        .unwrap();
+        let c = Container::from_inspect(&inspect).unwrap();
+        assert_eq!(c.stores, container().stores);
+        // Paths that are not this container's own say nothing of where its files are.
+        let other = ContainerInspect::parse(&format!(
+            r#"[{{"Id":"{ID}","OCIConfigPath":"/tmp/config.json","HostnamePath":""}}]"#
+        ))
+        .unwrap();
+        assert!(Container::from_inspect(&other).is_err());
     }
 
     #[test]
