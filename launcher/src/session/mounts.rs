@@ -149,10 +149,12 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
         if rootless {
             podman
                 .run(&args::unshare_ls(dir))
-                .map(|listing| listing.trim().is_empty())
+                .map(|listing| listing.lines().map(str::to_owned).collect())
                 .map_err(std::io::Error::other)
         } else {
-            std::fs::read_dir(dir).map(|mut d| d.next().is_none())
+            std::fs::read_dir(dir)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
         }
     });
     if !problems.is_empty() {
@@ -186,13 +188,13 @@ fn read_capped(path: &Path) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// Every way `config` differs from the allowed set, one line each. `empty_dir` tells whether a
+/// Every way `config` differs from the allowed set, one line each. `list_dir` gives the names in a
 /// directory on the host is empty (an error: it cannot be read, so it is not taken as empty).
 fn problems(
     expected: &[SandboxMount],
     container: &Container,
     config: &OciConfig,
-    empty_dir: impl Fn(&Path) -> std::io::Result<bool>,
+    list_dir: impl Fn(&Path) -> std::io::Result<Vec<String>>,
 ) -> Vec<String> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
@@ -208,7 +210,7 @@ fn problems(
             out.push(describe(m, "a second time"));
             continue;
         }
-        if let Some(reason) = podmans_own(m, container, &empty_dir) {
+        if let Some(reason) = podmans_own(m, container, &list_dir) {
             match reason {
                 Ok(()) => continue,
                 Err(why) => {
@@ -264,7 +266,7 @@ fn is_ours(e: &SandboxMount, m: &OciMount) -> bool {
 fn podmans_own(
     m: &OciMount,
     container: &Container,
-    empty_dir: &impl Fn(&Path) -> std::io::Result<bool>,
+    list_dir: &impl Fn(&Path) -> std::io::Result<Vec<String>>,
 ) -> Option<Result<(), &'static str>> {
     let destination = m.destination.to_str()?;
     let read_only = m.options.iter().any(|o| o == "ro");
@@ -298,9 +300,11 @@ fn podmans_own(
         return Some(Err("not the file podman writes there"));
     }
     if destination == "/run/secrets" {
-        return Some(match empty_dir(&m.source) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("holding files a mounts.conf copied from this machine"),
+        // On a FIPS host podman puts an empty `system-fips` marker there; anything else is a copy of
+        // this machine's files.
+        return Some(match list_dir(&m.source) {
+            Ok(names) if names.iter().all(|n| n == "system-fips") => Ok(()),
+            Ok(_) => Err("holding files a mounts.conf copied from this machine"),
             Err(_) => Err("which cannot be read to tell it is empty"),
         });
     }
@@ -457,9 +461,7 @@ mod tests {
     }
 
     fn check(config: &OciConfig) -> Vec<String> {
-        problems(&expected(), &container(), config, |dir| {
-            Ok(dir.ends_with("empty"))
-        })
+        problems(&expected(), &container(), config, |_| Ok(Vec::new()))
     }
 
     fn with(f: impl Fn(&mut OciConfig)) -> Vec<String> {
@@ -511,10 +513,16 @@ mod tests {
             &format!("/var/lib/containers/storage/overlay-containers/{ID}/userdata/run/secrets"),
             &["bind", "rprivate"],
         ));
-        let secrets = |empty: bool| problems(&expected(), &container(), &c, |_| Ok(empty));
-        assert!(secrets(true).is_empty());
-        assert_eq!(secrets(false).len(), 1);
-        assert!(secrets(false)[0].ends_with("holding files a mounts.conf copied from this machine"));
+        let secrets = |names: &[&str]| {
+            problems(&expected(), &container(), &c, |_| {
+                Ok(names.iter().map(|n| (*n).to_owned()).collect())
+            })
+        };
+        assert!(secrets(&[]).is_empty());
+        assert!(secrets(&["system-fips"]).is_empty());
+        let p = secrets(&["system-fips", "etc-pki-entitlement"]);
+        assert_eq!(p.len(), 1);
+        assert!(p[0].ends_with("holding files a mounts.conf copied from this machine"));
     }
 
     #[test]
