@@ -563,10 +563,29 @@ pub fn unshare_read(path: &Path, max: u64) -> Vec<OsString> {
         .done()
 }
 
-/// A directory's entries listed from inside rootless podman's user namespace (`podman unshare ls`).
+/// The first entry of a directory that is anything but an empty regular file named `system-fips`,
+/// from inside rootless podman's user namespace (`podman unshare find`): nothing when there is none.
 #[must_use]
-pub fn unshare_ls(path: &Path) -> Vec<OsString> {
-    Argv::new(&["unshare", "ls", "-A", "--"]).arg(path).done()
+pub fn unshare_find_not_fips_marker(dir: &Path) -> Vec<OsString> {
+    Argv::new(&["unshare", "find"])
+        .arg(dir)
+        .args([
+            "-mindepth",
+            "1",
+            "-maxdepth",
+            "1",
+            "!",
+            "(",
+            "-name",
+            "system-fips",
+            "-type",
+            "f",
+            "-empty",
+            ")",
+            "-print",
+            "-quit",
+        ])
+        .done()
 }
 
 /// The whole `podman container inspect` of one container (where the sandbox's OCI configuration is).

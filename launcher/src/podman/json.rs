@@ -408,6 +408,10 @@ pub struct OciConfig {
     /// The Linux section.
     #[serde(default)]
     pub linux: OciLinux,
+    /// Programs the runtime runs on the host around the container's life, by stage (`prestart`,
+    /// `createRuntime`, …): from OCI hook files (`hooks_dir`), never from podman itself.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub hooks: HashMap<String, Option<Vec<serde_json::Value>>>,
 }
 
 /// One mount of an OCI configuration.
@@ -433,6 +437,21 @@ pub struct OciLinux {
     /// Device nodes the runtime creates beyond its defaults.
     #[serde(default, deserialize_with = "null_as_default")]
     pub devices: Vec<serde_json::Value>,
+    /// The namespaces the container gets: a new one, or (with a path) one it joins; a kind that is
+    /// not listed is the host's.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub namespaces: Vec<OciNamespace>,
+}
+
+/// One namespace of an OCI configuration.
+#[derive(Debug, Default, Deserialize, Clone, PartialEq, Eq)]
+pub struct OciNamespace {
+    /// `pid`, `mount`, `network`, `ipc`, `uts`, `user`, `cgroup`.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// The namespace joined (another container's, the pod's), or empty for a new one.
+    #[serde(default)]
+    pub path: String,
 }
 
 impl OciConfig {

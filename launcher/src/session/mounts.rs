@@ -145,23 +145,14 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
     }
     .with_context(|| format!("reading the sandbox's {}", path.display()))?;
     let config = OciConfig::parse(&text)?;
-    let problems = problems(&args::sandbox_mounts(spec), &container, &config, |dir| {
-        if rootless {
-            podman
-                .run(&args::unshare_ls(dir))
-                .map(|listing| listing.lines().map(str::to_owned).collect())
-                .map_err(std::io::Error::other)
-        } else {
-            std::fs::read_dir(dir)?
-                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-                .collect()
-        }
-    });
+    let storage = HostStorage { podman, rootless };
+    let problems = problems(&args::sandbox_mounts(spec), &container, &config, &storage);
     if !problems.is_empty() {
         anyhow::bail!(
-            "refusing to start the sandbox: podman would give it mounts or devices the launcher did \
-             not ask for:\n{}\nThey come from podman's configuration: `volumes` (`:O` overlays \
-             included), `devices` or `init_path` under [containers] in containers.conf \
+            "refusing to start the sandbox: podman would give it mounts, devices, host namespaces or \
+             hooks the launcher did not ask for:\n{}\nThey come from podman's configuration: `volumes` (`:O` overlays \
+             included), `devices`, `init_path` or `pidns`/`netns`/`ipcns` under [containers], or \
+             `hooks_dir` under [engine], in containers.conf \
              ($CONTAINERS_CONF, ~/.config/containers/, /etc/containers/, /usr/share/containers/; \
              `podman --log-level=debug info` names the files it merged), or a mounts.conf (only the \
              first of ~/.config/containers/mounts.conf for rootless podman, \
@@ -178,6 +169,57 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
     Ok(())
 }
 
+/// What the check reads of podman's storage on the host.
+trait Storage {
+    /// Whether a directory holds nothing but (at most) an empty regular file named `system-fips`.
+    fn only_fips_marker(&self, dir: &Path) -> std::io::Result<bool>;
+    /// A file's first four bytes (fewer if it is shorter).
+    fn magic(&self, file: &Path) -> std::io::Result<Vec<u8>>;
+}
+
+/// The real storage: read directly when rootful, through `podman unshare` when rootless (the files
+/// belong to the user namespace's users).
+struct HostStorage<'a> {
+    podman: &'a Podman,
+    rootless: bool,
+}
+
+impl Storage for HostStorage<'_> {
+    fn only_fips_marker(&self, dir: &Path) -> std::io::Result<bool> {
+        if self.rootless {
+            return self
+                .podman
+                .run(&args::unshare_find_not_fips_marker(dir))
+                .map(|found| found.trim().is_empty())
+                .map_err(std::io::Error::other);
+        }
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let meta = std::fs::symlink_metadata(entry.path())?;
+            if entry.file_name() != "system-fips" || !meta.is_file() || meta.len() != 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn magic(&self, file: &Path) -> std::io::Result<Vec<u8>> {
+        if self.rootless {
+            return self
+                .podman
+                .run(&args::unshare_read(file, 4))
+                .map(String::into_bytes)
+                .map_err(std::io::Error::other);
+        }
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(std::fs::File::open(file)?, 4),
+            &mut out,
+        )?;
+        Ok(out)
+    }
+}
+
 /// A file of at most [`MAX_CONFIG_BYTES`].
 fn read_capped(path: &Path) -> anyhow::Result<String> {
     let mut text = String::new();
@@ -188,13 +230,13 @@ fn read_capped(path: &Path) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// Every way `config` differs from the allowed set, one line each. `list_dir` gives the names in a
-/// directory on the host is empty (an error: it cannot be read, so it is not taken as empty).
+/// Every way `config` differs from the allowed set, one line each; `storage` reads what podman wrote
+/// (/run/secrets, /etc/localtime; what cannot be read is not taken as harmless).
 fn problems(
     expected: &[SandboxMount],
     container: &Container,
     config: &OciConfig,
-    list_dir: impl Fn(&Path) -> std::io::Result<Vec<String>>,
+    storage: &dyn Storage,
 ) -> Vec<String> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
@@ -210,7 +252,7 @@ fn problems(
             out.push(describe(m, "a second time"));
             continue;
         }
-        if let Some(reason) = podmans_own(m, container, &list_dir) {
+        if let Some(reason) = podmans_own(m, container, storage) {
             match reason {
                 Ok(()) => continue,
                 Err(why) => {
@@ -241,6 +283,35 @@ fn problems(
             .collect();
         out.push(format!("device nodes: {}", paths.join(", ")));
     }
+    // A kind of namespace the configuration does not list is the host's. The pod gives the network,
+    // IPC and UTS namespaces (joined: with a path); process IDs and mounts must be the container's own.
+    let ns = |kind: &str| config.linux.namespaces.iter().find(|n| n.kind == kind);
+    for kind in ["pid", "mount", "network", "ipc"] {
+        match ns(kind) {
+            None => out.push(format!("the host's {kind} namespace")),
+            Some(n) if !n.path.is_empty() && matches!(kind, "pid" | "mount") => {
+                out.push(format!("the {kind} namespace of {}", n.path));
+            }
+            Some(_) => {}
+        }
+    }
+    let mut stages: Vec<_> = config
+        .hooks
+        .iter()
+        .filter(|(_, hooks)| hooks.as_ref().is_some_and(|h| !h.is_empty()))
+        .collect();
+    stages.sort_by_key(|(stage, _)| stage.as_str());
+    for (stage, hooks) in stages {
+        let paths: Vec<&str> = hooks
+            .iter()
+            .flatten()
+            .map(|h| h["path"].as_str().unwrap_or("?"))
+            .collect();
+        out.push(format!(
+            "OCI hooks run on this machine at {stage}: {}",
+            paths.join(", ")
+        ));
+    }
     out
 }
 
@@ -266,7 +337,7 @@ fn is_ours(e: &SandboxMount, m: &OciMount) -> bool {
 fn podmans_own(
     m: &OciMount,
     container: &Container,
-    list_dir: &impl Fn(&Path) -> std::io::Result<Vec<String>>,
+    storage: &dyn Storage,
 ) -> Option<Result<(), &'static str>> {
     let destination = m.destination.to_str()?;
     let read_only = m.options.iter().any(|o| o == "ro");
@@ -300,12 +371,20 @@ fn podmans_own(
         return Some(Err("not the file podman writes there"));
     }
     if destination == "/run/secrets" {
-        // On a FIPS host podman puts an empty `system-fips` marker there; anything else is a copy of
-        // this machine's files.
-        return Some(match list_dir(&m.source) {
-            Ok(names) if names.iter().all(|n| n == "system-fips") => Ok(()),
-            Ok(_) => Err("holding files a mounts.conf copied from this machine"),
+        // On a FIPS host older podman puts an empty `system-fips` marker there; anything else is a copy
+        // of this machine's files.
+        return Some(match storage.only_fips_marker(&m.source) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("holding files a mounts.conf copied from this machine"),
             Err(_) => Err("which cannot be read to tell it is empty"),
+        });
+    }
+    // `tz` in containers.conf: a copy of a zone file (podman 4.3 would copy any file a `tz` with `..`
+    // named).
+    if destination == "/etc/localtime" {
+        return Some(match storage.magic(&m.source) {
+            Ok(magic) if magic == b"TZif" => Ok(()),
+            _ => Err("not a time zone file"),
         });
     }
     Some(Ok(()))
@@ -421,8 +500,11 @@ mod tests {
                 "rprivate,nosuid,noexec,nodev,relatime,ro",
             ),
         ];
+        // The namespaces as podman 4.3.1 wrote them for a rootful sandbox (the pod's infra is pid 1).
         format!(
-            r#"{{"mounts":[{}],"linux":{{"devices":null}}}}"#,
+            r#"{{"mounts":[{}],"linux":{{"devices":null,"namespaces":[{{"type":"pid"}},
+                {{"type":"network","path":"/proc/1/ns/net"}},{{"type":"ipc","path":"/proc/1/ns/ipc"}},
+                {{"type":"uts","path":"/proc/1/ns/uts"}},{{"type":"mount"}}]}}}}"#,
             mounts.join(",")
         )
     }
@@ -460,8 +542,29 @@ mod tests {
         }
     }
 
+    /// Storage whose /run/secrets and /etc/localtime say what the test wants.
+    struct Fake {
+        fips_marker_only: Option<bool>,
+        magic: &'static [u8],
+    }
+
+    impl Storage for Fake {
+        fn only_fips_marker(&self, _: &Path) -> std::io::Result<bool> {
+            self.fips_marker_only
+                .ok_or_else(|| std::io::Error::other("denied"))
+        }
+        fn magic(&self, _: &Path) -> std::io::Result<Vec<u8>> {
+            Ok(self.magic.to_vec())
+        }
+    }
+
+    const CLEAN: Fake = Fake {
+        fips_marker_only: Some(true),
+        magic: b"TZif",
+    };
+
     fn check(config: &OciConfig) -> Vec<String> {
-        problems(&expected(), &container(), config, |_| Ok(Vec::new()))
+        problems(&expected(), &container(), config, &CLEAN)
     }
 
     fn with(f: impl Fn(&mut OciConfig)) -> Vec<String> {
@@ -513,14 +616,19 @@ mod tests {
             &format!("/var/lib/containers/storage/overlay-containers/{ID}/userdata/run/secrets"),
             &["bind", "rprivate"],
         ));
-        let secrets = |names: &[&str]| {
-            problems(&expected(), &container(), &c, |_| {
-                Ok(names.iter().map(|n| (*n).to_owned()).collect())
-            })
+        let secrets = |fips_marker_only| {
+            problems(
+                &expected(),
+                &container(),
+                &c,
+                &Fake {
+                    fips_marker_only,
+                    magic: b"TZif",
+                },
+            )
         };
-        assert!(secrets(&[]).is_empty());
-        assert!(secrets(&["system-fips"]).is_empty());
-        let p = secrets(&["system-fips", "etc-pki-entitlement"]);
+        assert!(secrets(Some(true)).is_empty());
+        let p = secrets(Some(false));
         assert_eq!(p.len(), 1);
         assert!(p[0].ends_with("holding files a mounts.conf copied from this machine"));
     }
@@ -572,9 +680,15 @@ mod tests {
             &format!("/run/containers/storage/overlay-containers/{ID}/userdata/run/secrets"),
             &[],
         ));
-        let p = problems(&expected(), &container(), &c, |_| {
-            Err(std::io::Error::other("denied"))
-        });
+        let p = problems(
+            &expected(),
+            &container(),
+            &c,
+            &Fake {
+                fips_marker_only: None,
+                magic: b"TZif",
+            },
+        );
         assert_eq!(p.len(), 1);
     }
 
@@ -640,6 +754,46 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert!(p[0].contains("see init_path"), "{p:?}");
         assert!(with(|c| c.mounts[5].source = "/usr/bin/tini".into()).is_empty());
+    }
+
+    #[test]
+    fn host_namespaces_hooks_and_other_zone_files_are_found() {
+        // pidns = "host": no pid entry (rootful keeps a plain /proc mount); another container's.
+        let p = with(|c| c.linux.namespaces.retain(|n| n.kind != "pid"));
+        assert_eq!(p, ["the host's pid namespace"]);
+        let p = with(|c| c.linux.namespaces[0].path = "/proc/7/ns/pid".into());
+        assert_eq!(p, ["the pid namespace of /proc/7/ns/pid"]);
+        let p = with(|c| c.linux.namespaces.retain(|n| n.kind != "network"));
+        assert_eq!(p, ["the host's network namespace"]);
+        // An OCI hook (hooks_dir), however podman found it.
+        let mut c = OciConfig::parse(&config()).unwrap();
+        c.hooks.insert(
+            "createRuntime".into(),
+            Some(vec![
+                serde_json::json!({"path": "/usr/bin/nvidia-container-toolkit"}),
+            ]),
+        );
+        c.hooks.insert("poststop".into(), Some(Vec::new()));
+        assert_eq!(
+            check(&c),
+            ["OCI hooks run on this machine at createRuntime: /usr/bin/nvidia-container-toolkit"]
+        );
+        // /etc/localtime (tz): a zone file passes, anything else copied there does not.
+        let mut c = OciConfig::parse(&config()).unwrap();
+        c.mounts.push(mount(
+            "/etc/localtime",
+            "bind",
+            &format!("/run/containers/storage/overlay-containers/{ID}/userdata/localtime"),
+            &["bind"],
+        ));
+        assert!(check(&c).is_empty());
+        let key = Fake {
+            fips_marker_only: Some(true),
+            magic: b"-----",
+        };
+        let p = problems(&expected(), &container(), &c, &key);
+        assert_eq!(p.len(), 1);
+        assert!(p[0].ends_with("not a time zone file"), "{p:?}");
     }
 
     #[test]
