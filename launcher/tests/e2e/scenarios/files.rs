@@ -131,7 +131,8 @@ fn terminal(s: &mut Suite<'_>) {
 }
 
 /// A containers.conf with `volumes` (the suite's own settings plus one host directory, bound read-only
-/// and as an `:O` overlay, which `podman container inspect` does not list), or with `devices`: the
+/// and as an `:O` overlay, which `podman container inspect` does not list), with `devices`, or with a
+/// `hooks_dir` holding a hook for every container: the
 /// launcher refuses to start the sandbox, names what it found and where it comes from, runs nothing
 /// in it and leaves no session object behind.
 fn configured_volume(s: &mut Suite<'_>) {
@@ -142,30 +143,48 @@ fn configured_volume(s: &mut Suite<'_>) {
         .ok()
         .and_then(|p| fs::read_to_string(p).ok())
         .unwrap_or_default();
+    // An OCI hook that matches every container and runs /bin/true at prestart.
+    let hooks = s.fx.root.join("configured-hooks");
+    fs::create_dir_all(&hooks).unwrap();
+    fs::write(
+        hooks.join("as-e2e.json"),
+        r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["prestart"]}"#,
+    )
+    .unwrap();
     let cases = [
         (
             "bind",
+            "containers",
             format!("volumes = [\"{}:/as-e2e-outside:ro\"]", outside.display()),
             format!("{} at /as-e2e-outside (bind, read-only)", outside.display()),
         ),
         (
             "overlay",
+            "containers",
             format!("volumes = [\"{}:/as-e2e-outside:O\"]", outside.display()),
             "at /as-e2e-outside (overlay".to_owned(),
         ),
         (
             "device",
+            "containers",
             "devices = [\"/dev/fuse:/dev/as-e2e-fuse\"]".to_owned(),
             "/dev/as-e2e-fuse".to_owned(),
         ),
+        (
+            "hook",
+            "engine",
+            format!("hooks_dir = [\"{}\"]", hooks.display()),
+            "OCI hooks run on this machine at prestart: /bin/true".to_owned(),
+        ),
     ];
-    for (case, line, found) in cases {
+    for (case, section, line, found) in cases {
         let dir = s.project(&format!("configured-{case}"));
         let conf = s.fx.root.join(format!("configured-{case}.conf"));
-        let text = if base.contains("[containers]") {
-            base.replacen("[containers]\n", &format!("[containers]\n{line}\n"), 1)
+        let header = format!("[{section}]\n");
+        let text = if base.contains(&header) {
+            base.replacen(&header, &format!("{header}{line}\n"), 1)
         } else {
-            format!("{base}\n[containers]\n{line}\n")
+            format!("{base}\n{header}{line}\n")
         };
         fs::write(&conf, text).unwrap();
         fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
