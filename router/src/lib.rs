@@ -37,7 +37,7 @@ mod workers;
 pub mod fuzz_api {
     pub use crate::dns_udp::{fuzz_parse as dns_udp_parse, FuzzQuestion as DnsQuestion};
     pub use crate::inject::rewrite::fuzz_rewrite as inject_rewrite;
-    pub use crate::proxy::routes::{parse_dump as netlink_parse, wire as netlink_wire};
+    pub use crate::proxy::routes::parse_dump as netlink_parse;
 }
 
 use std::fmt::Write as _;

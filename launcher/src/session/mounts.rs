@@ -135,17 +135,14 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
     let container = Container::from_inspect(&inspect)?;
     let path = inspect.oci_config_path;
     // Rootless, the container's storage belongs to its user namespace's users: read it from there.
-    let rootless = spec.user == UserMapping::KeepId;
-    let text = if rootless {
-        podman
-            .run(&args::unshare_read(&path, MAX_CONFIG_BYTES))
-            .map_err(anyhow::Error::from)
-    } else {
-        read_capped(&path)
-    }
-    .with_context(|| format!("reading the sandbox's {}", path.display()))?;
-    let config = OciConfig::parse(&text)?;
-    let storage = HostStorage { podman, rootless };
+    let storage = HostStorage {
+        podman,
+        rootless: spec.user == UserMapping::KeepId,
+    };
+    let bytes = storage
+        .read(&path, MAX_CONFIG_BYTES)
+        .with_context(|| format!("reading the sandbox's {}", path.display()))?;
+    let config = OciConfig::parse(&String::from_utf8_lossy(&bytes))?;
     let problems = problems(&args::sandbox_mounts(spec), &container, &config, &storage);
     if !problems.is_empty() {
         anyhow::bail!(
@@ -173,8 +170,8 @@ pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Res
 trait Storage {
     /// Whether a directory holds nothing but (at most) an empty regular file named `system-fips`.
     fn only_fips_marker(&self, dir: &Path) -> std::io::Result<bool>;
-    /// A file's first four bytes (fewer if it is shorter).
-    fn magic(&self, file: &Path) -> std::io::Result<Vec<u8>>;
+    /// A file's first `max` bytes (fewer if it is shorter).
+    fn read(&self, file: &Path, max: u64) -> std::io::Result<Vec<u8>>;
 }
 
 /// The real storage: read directly when rootful, through `podman unshare` when rootless (the files
@@ -203,31 +200,21 @@ impl Storage for HostStorage<'_> {
         Ok(true)
     }
 
-    fn magic(&self, file: &Path) -> std::io::Result<Vec<u8>> {
+    fn read(&self, file: &Path, max: u64) -> std::io::Result<Vec<u8>> {
         if self.rootless {
             return self
                 .podman
-                .run(&args::unshare_read(file, 4))
+                .run(&args::unshare_read(file, max))
                 .map(String::into_bytes)
                 .map_err(std::io::Error::other);
         }
         let mut out = Vec::new();
         std::io::Read::read_to_end(
-            &mut std::io::Read::take(std::fs::File::open(file)?, 4),
+            &mut std::io::Read::take(std::fs::File::open(file)?, max),
             &mut out,
         )?;
         Ok(out)
     }
-}
-
-/// A file of at most [`MAX_CONFIG_BYTES`].
-fn read_capped(path: &Path) -> anyhow::Result<String> {
-    let mut text = String::new();
-    std::io::Read::read_to_string(
-        &mut std::io::Read::take(std::fs::File::open(path)?, MAX_CONFIG_BYTES),
-        &mut text,
-    )?;
-    Ok(text)
 }
 
 /// Every way `config` differs from the allowed set, one line each; `storage` reads what podman wrote
@@ -382,7 +369,7 @@ fn podmans_own(
     // `tz` in containers.conf: a copy of a zone file (podman 4.3 would copy any file a `tz` with `..`
     // named).
     if destination == "/etc/localtime" {
-        return Some(match storage.magic(&m.source) {
+        return Some(match storage.read(&m.source, 4) {
             Ok(magic) if magic == b"TZif" => Ok(()),
             _ => Err("not a time zone file"),
         });
@@ -553,7 +540,7 @@ mod tests {
             self.fips_marker_only
                 .ok_or_else(|| std::io::Error::other("denied"))
         }
-        fn magic(&self, _: &Path) -> std::io::Result<Vec<u8>> {
+        fn read(&self, _: &Path, _: u64) -> std::io::Result<Vec<u8>> {
             Ok(self.magic.to_vec())
         }
     }

@@ -597,19 +597,18 @@ fn route_gateways_v6(text: &str) -> HashSet<IpAddr> {
         .collect()
 }
 
-/// Builds dump datagrams for the tests and the fuzz target's seeds.
-#[cfg(any(test, feature = "fuzzing"))]
-#[doc(hidden)]
-pub mod wire {
+/// Builds dump datagrams for the tests.
+#[cfg(test)]
+mod wire {
     /// One netlink message: header (`kind`, `flags`, `seq`) and payload, padded to 4 bytes.
     #[must_use]
-    pub fn message(kind: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+    pub(super) fn message(kind: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
         super::message(kind, flags, seq, payload)
     }
 
     /// One attribute, padded to 4 bytes.
     #[must_use]
-    pub fn attribute(ty: u16, data: &[u8]) -> Vec<u8> {
+    pub(super) fn attribute(ty: u16, data: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
         out.extend_from_slice(&ty.to_ne_bytes());
@@ -620,7 +619,7 @@ pub mod wire {
 
     /// A route message's payload: an `rtmsg` of `family`, then `attrs`.
     #[must_use]
-    pub fn route(family: u8, attrs: &[Vec<u8>]) -> Vec<u8> {
+    pub(super) fn route(family: u8, attrs: &[Vec<u8>]) -> Vec<u8> {
         let mut out = vec![0u8; super::RTMSG_LEN];
         out[0] = family;
         out.extend(attrs.concat());
@@ -629,7 +628,7 @@ pub mod wire {
 
     /// One `rtnexthop` entry of a multipath attribute.
     #[must_use]
-    pub fn multipath_entry(attrs: &[Vec<u8>]) -> Vec<u8> {
+    pub(super) fn multipath_entry(attrs: &[Vec<u8>]) -> Vec<u8> {
         let body = attrs.concat();
         let mut out = Vec::new();
         out.extend_from_slice(&((super::RTNEXTHOP_LEN + body.len()) as u16).to_ne_bytes());
@@ -640,25 +639,10 @@ pub mod wire {
 
     /// `RTA_VIA`'s data: a family and an address.
     #[must_use]
-    pub fn via(family: u16, addr: &[u8]) -> Vec<u8> {
+    pub(super) fn via(family: u16, addr: &[u8]) -> Vec<u8> {
         let mut out = family.to_ne_bytes().to_vec();
         out.extend_from_slice(addr);
         out
-    }
-
-    /// The wire constants a dump uses.
-    #[allow(missing_docs)]
-    pub mod consts {
-        pub const AF_INET6: u16 = super::super::AF_INET6;
-        pub const NHA_GATEWAY: u16 = super::super::NHA_GATEWAY;
-        pub const NLMSG_DONE: u16 = super::super::NLMSG_DONE;
-        pub const NLMSG_ERROR: u16 = super::super::NLMSG_ERROR;
-        pub const NLM_F_DUMP_INTR: u16 = super::super::NLM_F_DUMP_INTR;
-        pub const RTA_GATEWAY: u16 = super::super::RTA_GATEWAY;
-        pub const RTA_MULTIPATH: u16 = super::super::RTA_MULTIPATH;
-        pub const RTA_VIA: u16 = super::super::RTA_VIA;
-        pub const RTM_NEWNEXTHOP: u16 = super::super::RTM_NEWNEXTHOP;
-        pub const RTM_NEWROUTE: u16 = super::super::RTM_NEWROUTE;
     }
 }
 
