@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use agent_sandbox_shared::Allowlist;
 
 use super::report::{Check, Section, Status};
-use crate::podman::json::{Image, Info};
+use crate::podman::json::{Image, Info, VolumeInspect};
 use crate::podman::{args, Podman, PodmanError, LABEL_VERSION};
 use crate::settings::Settings;
 
@@ -65,7 +65,7 @@ pub(crate) fn gather(podman: &Podman, settings: &Settings) -> Facts {
         let router = s.spawn(|| podman.run(&args::image_inspect(&[&settings.router_image])));
         let sandbox = s.spawn(|| podman.run(&args::image_inspect(&[&settings.image])));
         let networks = s.spawn(|| podman.run(&args::network_ls_sessions()));
-        let volume = podman.run(&args::volume_mountpoint(&settings.home_volume));
+        let volume = podman.run(&args::volume_inspect(&settings.home_volume));
         (
             join(info),
             join(router),
@@ -555,10 +555,22 @@ fn credentials(path: &Path, api_key_set: bool, oauth_store: Option<&Path>) -> Ch
 }
 
 fn home_volume(name: &str, inspect: &Result<String, PodmanError>) -> Check {
-    match inspect {
-        Ok(mountpoint) => pass(
+    match inspect.as_ref().map(|json| VolumeInspect::parse(json)) {
+        Ok(Ok(volume)) => match crate::session::home_volume_refusal(&volume) {
+            None => pass(
+                "home volume",
+                format!("{name} at {}", volume.mountpoint.display()),
+            ),
+            Some(why) => fail(
+                "home volume",
+                format!("{name} {why}: sessions refuse it"),
+                crate::session::home_volume_fix(name),
+            ),
+        },
+        Ok(Err(e)) => fail(
             "home volume",
-            format!("{name} at {}", mountpoint.trim()),
+            format!("{name}: {e}"),
+            format!("podman volume inspect {name}"),
         ),
         Err(e) if e.is_missing() => pass(
             "home volume",

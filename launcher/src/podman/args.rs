@@ -226,10 +226,11 @@ pub fn volume_rm(name: &str) -> Vec<OsString> {
     Argv::new(&["volume", "rm", "--force", name]).done()
 }
 
-/// The volume's directory on the host, to check who owns it.
+/// The volume's driver, mount options and directory on the host (JSON, `json::VolumeInspect`): to
+/// check that it is a plain volume and who owns its directory.
 #[must_use]
-pub fn volume_mountpoint(name: &str) -> Vec<OsString> {
-    Argv::new(&["volume", "inspect", "--format", "{{.Mountpoint}}", name]).done()
+pub fn volume_inspect(name: &str) -> Vec<OsString> {
+    Argv::new(&["volume", "inspect", name]).done()
 }
 
 /// The router: on the session network at its fixed address and on the egress network; read-only root

@@ -7,7 +7,7 @@
 //! `store.configFile`, and Go's `omitempty` leaves out empty `labels` and `subnets`. The samples live in
 //! `launcher/tests/data/podman/<version>/`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
@@ -382,19 +382,45 @@ pub struct ContainerInspect {
 impl ContainerInspect {
     /// Parses `podman container inspect NAME` (an array of one).
     pub fn parse(json: &str) -> Result<ContainerInspect, JsonError> {
-        let mut all =
-            parse::<Option<Vec<ContainerInspect>>>("container inspect", json)?.unwrap_or_default();
-        if all.len() != 1 {
-            return Err(JsonError {
-                command: "container inspect",
-                source: serde::de::Error::custom(format!(
-                    "{} containers where one was asked for",
-                    all.len()
-                )),
-            });
-        }
-        Ok(all.remove(0))
+        parse_one("container inspect", json)
     }
+}
+
+/// `podman volume inspect NAME`: what the volume is.
+#[derive(Debug, Default, Deserialize)]
+pub struct VolumeInspect {
+    /// Its driver: `local` for podman's own volumes, a plugin's name otherwise.
+    #[serde(rename = "Driver", default)]
+    pub driver: String,
+    /// Its directory on the host (what a container's mount of it names as its source).
+    #[serde(rename = "Mountpoint", default)]
+    pub mountpoint: PathBuf,
+    /// Its `--opt`s: with `device`, `type` or `o`, podman mounts something (a host directory with
+    /// `o=bind`) on its directory whenever a container uses it.
+    #[serde(rename = "Options", default, deserialize_with = "null_as_default")]
+    pub options: BTreeMap<String, String>,
+}
+
+impl VolumeInspect {
+    /// Parses `podman volume inspect NAME` (an array of one).
+    pub fn parse(json: &str) -> Result<VolumeInspect, JsonError> {
+        parse_one("volume inspect", json)
+    }
+}
+
+/// An `inspect` of one object: an array that must hold exactly one.
+fn parse_one<T: DeserializeOwned>(command: &'static str, json: &str) -> Result<T, JsonError> {
+    let mut all = parse::<Option<Vec<T>>>(command, json)?.unwrap_or_default();
+    if all.len() != 1 {
+        return Err(JsonError {
+            command,
+            source: serde::de::Error::custom(format!(
+                "{} objects where one was asked for",
+                all.len()
+            )),
+        });
+    }
+    Ok(all.remove(0))
 }
 
 /// The OCI runtime configuration podman wrote for a container (`config.json`): every mount the

@@ -247,7 +247,7 @@ impl Probes {
             });
             let networks = s.spawn(|| podman.run(&args::network_ls_sessions()));
             let egress = s.spawn(|| podman.run(&args::network_inspect(EGRESS_NETWORK)));
-            let volume = podman.run(&args::volume_mountpoint(&settings.home_volume));
+            let volume = podman.run(&args::volume_inspect(&settings.home_volume));
             Probes {
                 info: join(info),
                 images_present: join(images),

@@ -70,7 +70,7 @@ impl DoctorHome {
         podman
             .run(&args::volume_create_doctor_home(&self.volume, &labels))
             .with_context(|| format!("cannot create the doctor's home volume {}", self.volume))?;
-        Ok(podman.run(&args::volume_mountpoint(&self.volume)))
+        Ok(podman.run(&args::volume_inspect(&self.volume)))
     }
 }
 
@@ -182,13 +182,7 @@ mod tests {
             home.id, home.volume
         );
         assert_eq!(lines[2], create);
-        assert_eq!(
-            lines[3],
-            format!(
-                "volume inspect --format {{{{.Mountpoint}}}} {}",
-                home.volume
-            )
-        );
+        assert_eq!(lines[3], format!("volume inspect {}", home.volume));
         assert_eq!(lines.len(), 4, "{log}");
         assert!(!placeholder_file(&state, dead).unwrap().exists());
         assert!(placeholder_file(&state, live).unwrap().exists());

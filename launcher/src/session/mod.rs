@@ -25,6 +25,7 @@ mod mounts;
 mod readiness;
 pub(crate) mod rundir;
 mod shared;
+pub(crate) use shared::{home_volume_fix, home_volume_refusal};
 mod stale;
 mod start;
 mod user;

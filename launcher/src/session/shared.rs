@@ -6,9 +6,11 @@ use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 
+use anyhow::{bail, Context as _};
+
 use super::checks::{Checked, SharedProbes};
 use super::{join, stale};
-use crate::podman::json::Network;
+use crate::podman::json::{Network, VolumeInspect};
 use crate::podman::{args, Podman, PodmanError};
 use crate::settings::{Settings, EGRESS_NETWORK};
 
@@ -87,15 +89,16 @@ fn dns_servers(inspect_json: &str) -> Vec<SocketAddr> {
 
 /// Creates the home volume unless it exists; returns whether it must be re-owned to `uid` on mount
 /// (podman's `:U` is recursive, so only when its top directory is not already theirs), and its
-/// directory when visible from here.
+/// directory when visible from here. A volume that is not a plain one of podman's is refused
+/// (`home_volume_refusal`).
 fn ensure_home_volume(
     podman: &Podman,
     name: &str,
     uid: u32,
     probed: Result<String, PodmanError>,
 ) -> anyhow::Result<(bool, Option<PathBuf>)> {
-    let mountpoint = match probed {
-        Ok(mountpoint) => mountpoint,
+    let inspect = match probed {
+        Ok(inspect) => inspect,
         Err(_) => {
             if !podman.check(&args::volume_exists(name))? {
                 if let Err(e) = podman.run(&args::volume_create(name)) {
@@ -104,15 +107,65 @@ fn ensure_home_volume(
                     }
                 }
             }
-            podman.run(&args::volume_mountpoint(name))?
+            podman.run(&args::volume_inspect(name))?
         }
     };
-    let dir = PathBuf::from(mountpoint.trim());
+    let volume = VolumeInspect::parse(&inspect)
+        .with_context(|| format!("cannot read what the home volume {name} is"))?;
+    if let Some(why) = home_volume_refusal(&volume) {
+        bail!(
+            "the home volume {name} {why}, so a sandbox would see what it mounts. {}",
+            home_volume_fix(name)
+        );
+    }
+    let dir = volume.mountpoint;
     Ok(match fs::metadata(&dir) {
         Ok(meta) if meta.is_dir() => (meta.uid() != uid, Some(dir)),
-        // Not visible from here (another volume driver): let podman make it right.
+        // Not visible from here: let podman make it right.
         _ => (true, None),
     })
+}
+
+/// Why a volume cannot be the sandbox's home, or None for a plain volume of podman's (what
+/// `podman volume create NAME` makes, and all the launcher makes). Such a volume's source in the
+/// container's configuration is its directory in podman's storage whatever it really shows, so the
+/// mount check (`mounts.rs`) cannot tell; this can. Refused: another driver (a plugin mounts whatever
+/// it likes), mount options (`--opt type=none --opt o=bind --opt device=/home/me` binds the user's
+/// home there on every use), and a directory that is a symbolic link (the runtime's bind follows it).
+pub(crate) fn home_volume_refusal(volume: &VolumeInspect) -> Option<String> {
+    if !matches!(volume.driver.as_str(), "local" | "") {
+        return Some(format!(
+            "has the volume driver {:?}, not podman's own (\"local\")",
+            volume.driver
+        ));
+    }
+    if !volume.options.is_empty() {
+        let options: Vec<String> = volume
+            .options
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        return Some(format!(
+            "has mount options ({}): podman mounts that on it whenever a container uses it",
+            options.join(", ")
+        ));
+    }
+    if fs::symlink_metadata(&volume.mountpoint).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Some(format!(
+            "has a symbolic link for its directory ({}), which the bind would follow",
+            volume.mountpoint.display()
+        ));
+    }
+    None
+}
+
+/// What to do about a refused home volume.
+pub(crate) fn home_volume_fix(name: &str) -> String {
+    format!(
+        "It was not created by agent-sandbox. Use another volume (AGENT_SANDBOX_HOME_VOLUME=NAME; the \
+         session creates it), or remove this one with `podman volume rm {name}` (copy out what you need \
+         from it first) and the next session creates a plain one."
+    )
 }
 
 #[cfg(test)]
@@ -129,5 +182,55 @@ mod tests {
         let no_dns = r#"[{"subnets":[{"subnet":"10.89.0.0/24","gateway":"10.89.0.1"}],"dns_enabled":false}]"#;
         assert!(dns_servers(no_dns).is_empty());
         assert!(dns_servers("garbage").is_empty());
+    }
+
+    /// The home volume as each podman version describes it, then as someone else may have made it.
+    #[test]
+    fn home_volume_only_a_plain_one_of_podmans() {
+        for json in [
+            include_str!("../../tests/data/podman/4.3.1/volume-inspect.json"),
+            include_str!("../../tests/data/podman/5.8.2/volume-inspect.json"),
+        ] {
+            let volume = VolumeInspect::parse(json).unwrap();
+            assert_eq!(home_volume_refusal(&volume), None);
+            let bound = json.replace(
+                r#""Options": {}"#,
+                r#""Options": {"device": "/home/me", "o": "bind", "type": "none"}"#,
+            );
+            let why = home_volume_refusal(&VolumeInspect::parse(&bound).unwrap()).unwrap();
+            assert!(
+                why.contains("mount options (device=/home/me, o=bind, type=none)"),
+                "{why}"
+            );
+            let plugin = json.replace(r#""Driver": "local""#, r#""Driver": "sshfs""#);
+            let why = home_volume_refusal(&VolumeInspect::parse(&plugin).unwrap()).unwrap();
+            assert!(why.contains(r#"driver "sshfs""#), "{why}");
+            // An empty driver is podman's own too; a null `Options` is none.
+            let old = json
+                .replace(r#""Driver": "local""#, r#""Driver": """#)
+                .replace(r#""Options": {}"#, r#""Options": null"#);
+            assert_eq!(
+                home_volume_refusal(&VolumeInspect::parse(&old).unwrap()),
+                None
+            );
+        }
+        assert!(VolumeInspect::parse("[]").is_err());
+        assert!(VolumeInspect::parse("garbage").is_err());
+    }
+
+    #[test]
+    fn home_volume_whose_directory_is_a_link_is_refused() {
+        let dir = std::env::temp_dir().join(format!("as-home-link-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let data = dir.join("_data");
+        std::os::unix::fs::symlink("/", &data).unwrap();
+        let volume = VolumeInspect {
+            driver: "local".into(),
+            mountpoint: data,
+            options: Default::default(),
+        };
+        let why = home_volume_refusal(&volume);
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(why.is_some_and(|w| w.contains("symbolic link")));
     }
 }

@@ -97,7 +97,57 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ),
     );
     configured_volume(s);
+    bound_home_volume(s);
     terminal(s);
+}
+
+/// A home volume made as a bind of a host directory (`podman volume create --opt type=none --opt
+/// o=bind --opt device=DIR`): its source in the container's configuration is its directory in
+/// podman's storage like any volume's, so the launcher reads what the volume is and refuses it before
+/// anything of the session exists.
+fn bound_home_volume(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let outside = s.fx.root.join("bound-home-outside");
+    fs::create_dir_all(&outside).unwrap();
+    let volume = format!("as-e2e-bound-home-{}", std::process::id());
+    s.fx.volumes.push(volume.clone());
+    let device = format!("device={}", outside.display());
+    s.mode.podman_ok(&[
+        "volume",
+        "create",
+        "--opt",
+        "type=none",
+        "--opt",
+        "o=bind",
+        "--opt",
+        &device,
+        &volume,
+    ]);
+    let dir = s.project("bound-home");
+    let ran = dir.join("ran-in-sandbox");
+    let r = s.launch_env(
+        &dir,
+        &["--exec", "touch", ran.to_str().unwrap()],
+        &[("AGENT_SANDBOX_HOME_VOLUME", volume.clone())],
+    );
+    let left = s.session_objects(&dir);
+    s.checks.check(
+        r.code != Some(0)
+            && r.stderr
+                .contains(&format!("the home volume {volume} has mount options"))
+            && r.stderr.contains(&device)
+            && r.stderr.contains("AGENT_SANDBOX_HOME_VOLUME")
+            && !ran.exists()
+            && fs::read_dir(&outside).is_ok_and(|mut d| d.next().is_none())
+            && left.is_empty(),
+        format!(
+            "[{name}] a home volume that binds a host directory stops the session before its \
+             command: code {:?}, ran {}, left {left:?}\n{}",
+            r.code,
+            ran.exists(),
+            r.stderr
+        ),
+    );
 }
 
 /// On a terminal (a pseudo-terminal `script` gives it), the command gets one too, its exit code is
