@@ -86,6 +86,50 @@ fn a_name_resolving_to_a_next_hop_is_not_dialled() {
     assert!(log.contains("a gateway its routes go through"), "{log}");
 }
 
+/// A route added while the router runs makes its next hop refused soon after (the set is re-read on a
+/// thread of its own once a dial finds it a second old), without a restart; a neighbour stays reachable.
+#[test]
+fn a_next_hop_added_while_running_is_refused_soon() {
+    if !lab::require_netns() {
+        return;
+    }
+    let lab = Lab::new(2);
+    let (hop, peer) = (lab.upstream_ips[0], lab.upstream_ips[1]);
+    let dns = Dns::start(&lab);
+    dns.set("hop.test", DnsBehaviour::A(hop));
+    dns.set("peer.test", DnsBehaviour::A(peer));
+    let _at_hop = Upstream::start(&lab, SocketAddr::from((hop, 80)), ok_handler);
+    let _at_peer = Upstream::start(&lab, SocketAddr::from((peer, 80)), ok_handler);
+    let toml = format!(
+        "hosts = [\"hop.test\", \"peer.test\"]\nresolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
+        dns.addr
+    );
+    let router = RouterProc::start(&lab, &toml);
+    let before = get(&lab, &router, "hop.test");
+    assert!(
+        before.starts_with("HTTP/1.1 200"),
+        "not yet a next hop: {before}"
+    );
+
+    ip_r(&lab, &format!("route add 198.20.0.0/24 via {hop}"));
+    let added = std::time::Instant::now();
+    let mut last = String::new();
+    while added.elapsed() < std::time::Duration::from_secs(10) {
+        last = get(&lab, &router, "hop.test");
+        if last.starts_with("HTTP/1.1 403") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        last.starts_with("HTTP/1.1 403") && last.contains("forbidden address"),
+        "still dialled {:?} after the route was added: {last}",
+        added.elapsed()
+    );
+    let reached = get(&lab, &router, "peer.test");
+    assert!(reached.starts_with("HTTP/1.1 200"), "{reached}");
+}
+
 /// `ip -n R ...` for a route or nexthop of the test's.
 fn ip_r(lab: &Lab, args: &str) {
     let mut all = vec!["-n", &lab.r.name];

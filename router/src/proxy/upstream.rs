@@ -252,43 +252,81 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     }
 }
 
-/// The router's own addresses and the next hops of its routes ([`next_hops`]), re-read at most every
-/// [`OWN_ADDRESSES_TTL`] (interfaces can gain addresses after start), plus the listeners' addresses.
+/// The router's own addresses and the next hops of its routes ([`next_hops`]), re-read when a dial
+/// finds them older than [`OWN_ADDRESSES_TTL`] (interfaces can gain addresses after start), plus the
+/// listeners' addresses.
+///
+/// The re-read runs on a thread of its own, and the dial that asked for it goes on with the set it
+/// has: it takes about 100 µs, but tens of milliseconds on a node with tens of thousands of routes
+/// (110 ms at the route dump's cap), which a connection should not wait for and a runtime worker
+/// should not block on. So a change reaches the check at most [`OWN_ADDRESSES_TTL`] plus one read
+/// after it happens, once connections keep coming; the set read at start is complete before the first
+/// connection.
 #[derive(Debug)]
 struct OwnAddresses {
     /// Addresses of the listeners this router serves (added as each serve_* starts).
     listeners: Mutex<HashSet<IpAddr>>,
-    /// The last interface snapshot and when it was taken.
-    snapshot: Mutex<(Instant, Arc<HashSet<IpAddr>>)>,
+    /// The last interface snapshot, when it was taken, and whether a re-read is under way.
+    snapshot: Mutex<Snapshot>,
+}
+
+#[derive(Debug)]
+struct Snapshot {
+    taken: Instant,
+    set: Arc<HashSet<IpAddr>>,
+    reading: bool,
 }
 
 impl OwnAddresses {
     fn new() -> std::io::Result<OwnAddresses> {
         Ok(OwnAddresses {
             listeners: Mutex::new(HashSet::new()),
-            snapshot: Mutex::new((Instant::now(), Arc::new(own_and_next_hops()?))),
+            snapshot: Mutex::new(Snapshot {
+                taken: Instant::now(),
+                set: Arc::new(own_and_next_hops()?),
+                reading: false,
+            }),
         })
     }
 
-    /// The current set (interfaces and listeners).
-    fn current(&self) -> Arc<HashSet<IpAddr>> {
+    /// The current set (interfaces and listeners); starts a re-read when it is stale.
+    fn current(self: &Arc<Self>) -> Arc<HashSet<IpAddr>> {
         let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-        if snap.0.elapsed() >= OWN_ADDRESSES_TTL {
-            match own_and_next_hops() {
-                Ok(mut set) => {
-                    set.extend(
-                        self.listeners
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .iter(),
-                    );
-                    *snap = (Instant::now(), Arc::new(set));
-                }
-                // Keep the previous set (and retry next time) rather than allow everything.
-                Err(error) => tracing::warn!(%error, "cannot list local addresses"),
+        if snap.taken.elapsed() >= OWN_ADDRESSES_TTL && !snap.reading {
+            snap.reading = true;
+            let me = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name("own-addresses".into())
+                .spawn(move || me.reread());
+            if let Err(error) = spawned {
+                // No thread (the process is at its limit): read on the next dial's turn instead.
+                snap.reading = false;
+                snap.taken = Instant::now();
+                tracing::warn!(%error, "cannot start a thread to re-read the local addresses and routes");
             }
         }
-        Arc::clone(&snap.1)
+        Arc::clone(&snap.set)
+    }
+
+    /// Reads the set again and installs it; on an error keeps the previous one (and retries after the
+    /// next [`OWN_ADDRESSES_TTL`]) rather than allow everything.
+    fn reread(&self) {
+        let read = own_and_next_hops();
+        let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        match read {
+            Ok(mut set) => {
+                set.extend(
+                    self.listeners
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .iter(),
+                );
+                snap.set = Arc::new(set);
+            }
+            Err(error) => tracing::warn!(%error, "cannot list local addresses"),
+        }
+        snap.taken = Instant::now();
+        snap.reading = false;
     }
 
     fn add_listener(&self, ip: IpAddr) {
@@ -301,10 +339,10 @@ impl OwnAddresses {
             .unwrap_or_else(|e| e.into_inner())
             .insert(ip);
         let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-        if !snap.1.contains(&ip) {
-            let mut set = (*snap.1).clone();
+        if !snap.set.contains(&ip) {
+            let mut set = (*snap.set).clone();
             set.insert(ip);
-            snap.1 = Arc::new(set);
+            snap.set = Arc::new(set);
         }
     }
 }
@@ -315,7 +353,7 @@ pub(crate) struct Upstream {
     /// hickory's resolver, with its TTL-honouring cache.
     resolver: TokioResolver,
     /// What the dial check refuses besides the fixed ranges.
-    own: OwnAddresses,
+    own: Arc<OwnAddresses>,
     /// Budget for resolving and connecting, together.
     connect_timeout: Duration,
     /// Answers shared by every worker, asked before the resolver.
@@ -385,8 +423,10 @@ impl Upstream {
             .context("cannot build the upstream resolver")?;
         Ok(Upstream {
             resolver,
-            own: OwnAddresses::new()
-                .map_err(|e| anyhow::anyhow!("cannot list local addresses: {e}"))?,
+            own: Arc::new(
+                OwnAddresses::new()
+                    .map_err(|e| anyhow::anyhow!("cannot list local addresses: {e}"))?,
+            ),
             connect_timeout,
             cache,
         })
