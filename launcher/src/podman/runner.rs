@@ -50,12 +50,15 @@ fn stderr_suffix(stderr: &str) -> String {
 pub struct Podman {
     /// The program: `podman` from PATH.
     program: OsString,
+    /// Global options given before every command's own ([`Podman::with_hooks_dir`]).
+    globals: Vec<OsString>,
 }
 
 impl Default for Podman {
     fn default() -> Self {
         Podman {
             program: "podman".into(),
+            globals: Vec::new(),
         }
     }
 }
@@ -66,12 +69,26 @@ impl Podman {
     pub(crate) fn stand_in(program: impl Into<OsString>) -> Podman {
         Podman {
             program: program.into(),
+            globals: Vec::new(),
+        }
+    }
+
+    /// This podman with `dir` as its only OCI hooks directory (`--hooks-dir`, before each command's
+    /// arguments): a session's podman, with an empty directory of the session's, so that no hook of
+    /// podman's configuration (`hooks_dir`) runs for the session's containers. Hooks run programs on
+    /// this machine as a container starts, and can change anything in it: mount host directories,
+    /// add a network interface to the pod's namespace.
+    #[must_use]
+    pub fn with_hooks_dir(&self, dir: &std::path::Path) -> Podman {
+        Podman {
+            program: self.program.clone(),
+            globals: vec!["--hooks-dir".into(), dir.into()],
         }
     }
 
     fn command(&self, args: &[OsString]) -> Command {
         let mut c = Command::new(&self.program);
-        c.args(args);
+        c.args(&self.globals).args(args);
         c
     }
 
@@ -79,6 +96,7 @@ impl Podman {
     #[must_use]
     pub fn display(&self, args: &[OsString]) -> String {
         std::iter::once(&self.program)
+            .chain(&self.globals)
             .chain(args)
             .map(|a| {
                 let s = a.to_string_lossy();
@@ -188,6 +206,11 @@ mod tests {
         assert_eq!(
             p.display(&["run".into(), "a b".into(), "it's".into()]),
             r"podman run 'a b' 'it'\''s'"
+        );
+        assert_eq!(
+            p.with_hooks_dir(std::path::Path::new("/run/s/no-hooks"))
+                .display(&["init".into(), "c".into()]),
+            "podman --hooks-dir /run/s/no-hooks init c"
         );
     }
 }

@@ -27,6 +27,8 @@ pub(super) fn run_command(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<ExitStatus> {
+    // No OCI hook of podman's configuration runs for the sandbox (see `Podman::with_hooks_dir`).
+    let podman = &podman.with_hooks_dir(&session.no_hooks);
     let spec = checked_spec(
         podman,
         settings,
@@ -203,6 +205,7 @@ pub(super) fn run_captured(
     session: &Session,
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
+    let podman = &podman.with_hooks_dir(&session.no_hooks);
     let spec = checked_spec(podman, settings, checked, shared, session, command, false)?;
     super::mounts::create_checked(podman, &spec)?;
     podman
@@ -318,6 +321,7 @@ mod tests {
             router_log: None,
             hosts: "/s/hosts".into(),
             resolv: "/s/resolv.conf".into(),
+            no_hooks: "/s/no-hooks".into(),
             router_ip: std::net::Ipv4Addr::new(10, 89, 3, 2),
             loopbacks: Vec::new(),
             inject: Some(inject),

@@ -2,6 +2,7 @@
 //! and the forwarder, each recorded in the [`Cleanup`] as soon as it exists; done once both containers
 //! report their listeners (`readiness.rs`).
 
+use std::fs;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
@@ -44,6 +45,8 @@ pub(super) struct Session {
     pub(super) hosts: PathBuf,
     /// The session's /etc/resolv.conf.
     pub(super) resolv: PathBuf,
+    /// An empty directory of the session's, podman's only OCI hooks directory for the sandbox.
+    pub(super) no_hooks: PathBuf,
     /// The router's address on the session network.
     pub(super) router_ip: Ipv4Addr,
     /// Which names resolve to which loopback address in the sandbox.
@@ -65,8 +68,10 @@ pub(super) fn start(
 ) -> Result<Session, SessionError> {
     let planned = plan(podman, settings, checked, shared, cleanup).map_err(SessionError::Start)?;
     interrupted(signals)?;
+    // Every container of the session starts with no OCI hook of podman's configuration.
+    let hookless = podman.with_hooks_dir(&planned.no_hooks);
     let names =
-        launch(podman, settings, checked, &planned, cleanup).map_err(SessionError::Start)?;
+        launch(&hookless, settings, checked, &planned, cleanup).map_err(SessionError::Start)?;
     interrupted(signals)?;
     wait_ready(podman, &planned, &names, signals)?;
     interrupted(signals)?;
@@ -78,6 +83,7 @@ pub(super) fn start(
         router_log: planned.router_log,
         hosts: planned.hosts,
         resolv: planned.resolv,
+        no_hooks: planned.no_hooks,
         router_ip: planned.router_ip,
         loopbacks: planned.plan.loopbacks,
         inject: planned.inject,
@@ -108,6 +114,8 @@ struct Planned {
     hosts: PathBuf,
     /// The session's /etc/resolv.conf.
     resolv: PathBuf,
+    /// An empty directory (see [`Session::no_hooks`]).
+    no_hooks: PathBuf,
     /// The session CA, the secret files and the sandbox's side of them (None: nothing terminated).
     inject: Option<SessionInject>,
 }
@@ -211,6 +219,11 @@ fn plan(
     write_file(&hosts, "127.0.0.1\tlocalhost\n")?;
     let resolv = dir.join("resolv.conf");
     write_file(&resolv, &format!("nameserver {router_ip}\n"))?;
+    // podman's OCI hooks (containers.conf `hooks_dir`) run programs on this machine when a container
+    // starts, and can change it in any way: the sandbox's podman commands name this empty directory
+    // as the only one, so none runs for it (the mount check refuses any that would still come).
+    let no_hooks = dir.join("no-hooks");
+    fs::create_dir(&no_hooks).with_context(|| format!("cannot create {}", no_hooks.display()))?;
     Ok(Planned {
         labels,
         base,
@@ -223,6 +236,7 @@ fn plan(
         forwarder_log,
         hosts,
         resolv,
+        no_hooks,
         inject,
     })
 }

@@ -8,7 +8,10 @@ use std::os::unix::fs::MetadataExt as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::mode::{current_ids, sh};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+
+use crate::mode::{chown_r, current_ids, sh};
 use crate::suite::{finish, Suite};
 
 /// Runs the scenario, recording its checks.
@@ -97,8 +100,108 @@ pub(crate) fn run(s: &mut Suite<'_>) {
         ),
     );
     configured_volume(s);
+    configured_hook(s);
     bound_home_volume(s);
     terminal(s);
+}
+
+/// The suite's containers.conf with `line` added to its `[section]`, written for `case`.
+fn configured(s: &Suite<'_>, base: &str, case: &str, section: &str, line: &str) -> PathBuf {
+    let conf = s.fx.root.join(format!("configured-{case}.conf"));
+    let header = format!("[{section}]\n");
+    let text = if base.contains(&header) {
+        base.replacen(&header, &format!("{header}{line}\n"), 1)
+    } else {
+        format!("{base}\n{header}{line}\n")
+    };
+    fs::write(&conf, text).unwrap();
+    fs::set_permissions(&conf, fs::Permissions::from_mode(0o644)).unwrap();
+    conf
+}
+
+/// A containers.conf `hooks_dir` holding an OCI hook for every container (it runs on this machine at
+/// prestart, and could mount anything into the sandbox or add an interface to the pod's network
+/// namespace): the session's podman commands name an empty directory of the session's as the only
+/// one, so the session runs and the hook runs for none of its containers.
+fn configured_hook(s: &mut Suite<'_>) {
+    let name = s.mode.name().to_owned();
+    let hooks = s.fx.root.join("configured-hooks");
+    fs::create_dir_all(&hooks).unwrap();
+    let marker = hooks.join("hook-ran");
+    let script = hooks.join("hook.sh");
+    fs::write(
+        &script,
+        format!("#!/bin/sh\ntouch '{}'\n", marker.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(
+        hooks.join("as-e2e.json"),
+        format!(
+            r#"{{"version":"1.0.0","hook":{{"path":"{}"}},"when":{{"always":true}},"stages":["prestart"]}}"#,
+            script.display()
+        ),
+    )
+    .unwrap();
+    if !s.mode.rootful() {
+        chown_r(&hooks, s.mode.uid, s.mode.gid);
+    }
+    let base = std::env::var("CONTAINERS_CONF")
+        .ok()
+        .and_then(|p| fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let conf = configured(
+        s,
+        &base,
+        "hook",
+        "engine",
+        &format!("hooks_dir = [\"{}\"]", hooks.display()),
+    );
+    let dir = s.project("configured-hook");
+    let ran = dir.join("ran-in-sandbox");
+    let r = s.launch_env(
+        &dir,
+        &["--exec", "touch", ran.to_str().unwrap()],
+        &[("CONTAINERS_CONF", conf.display().to_string())],
+    );
+    let left = s.session_objects(&dir);
+    let hook_ran = marker.exists();
+    // The same configuration does run the hook for a container podman starts on its own, so the
+    // hook's not running above is the launcher's doing.
+    let control = sh(s
+        .mode
+        .command("podman", &[("CONTAINERS_CONF", conf.display().to_string())])
+        .args([
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network",
+            "none",
+            "--label",
+            crate::TEST_LABEL,
+            crate::SANDBOX_IMAGE,
+            "true",
+        ]));
+    s.checks.check(
+        r.code == Some(0) && ran.exists() && !hook_ran && left.is_empty(),
+        format!(
+            "[{name}] a hooks_dir's OCI hook runs for none of the session's containers, and the \
+             session runs: code {:?}, ran {}, hook ran {hook_ran}, left {left:?}\n{}",
+            r.code,
+            ran.exists(),
+            r.stderr
+        ),
+    );
+    s.checks.check(
+        control.status.success() && marker.exists(),
+        format!(
+            "[{name}] the same hooks_dir runs its hook for a container of podman's own: {:?}, hook \
+             ran {}\n{}",
+            control.status,
+            marker.exists(),
+            crate::mode::text(&control)
+        ),
+    );
 }
 
 /// A home volume made as a bind of a host directory (`podman volume create --opt type=none --opt
@@ -181,8 +284,7 @@ fn terminal(s: &mut Suite<'_>) {
 }
 
 /// A containers.conf with `volumes` (the suite's own settings plus one host directory, bound read-only
-/// and as an `:O` overlay, which `podman container inspect` does not list), with `devices`, or with a
-/// `hooks_dir` holding a hook for every container: the
+/// and as an `:O` overlay, which `podman container inspect` does not list) or with `devices`: the
 /// launcher refuses to start the sandbox, names what it found and where it comes from, runs nothing
 /// in it and leaves no session object behind.
 fn configured_volume(s: &mut Suite<'_>) {
@@ -193,14 +295,6 @@ fn configured_volume(s: &mut Suite<'_>) {
         .ok()
         .and_then(|p| fs::read_to_string(p).ok())
         .unwrap_or_default();
-    // An OCI hook that matches every container and runs /bin/true at prestart.
-    let hooks = s.fx.root.join("configured-hooks");
-    fs::create_dir_all(&hooks).unwrap();
-    fs::write(
-        hooks.join("as-e2e.json"),
-        r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["prestart"]}"#,
-    )
-    .unwrap();
     let cases = [
         (
             "bind",
@@ -220,24 +314,10 @@ fn configured_volume(s: &mut Suite<'_>) {
             "devices = [\"/dev/fuse:/dev/as-e2e-fuse\"]".to_owned(),
             "/dev/as-e2e-fuse".to_owned(),
         ),
-        (
-            "hook",
-            "engine",
-            format!("hooks_dir = [\"{}\"]", hooks.display()),
-            "OCI hooks run on this machine at prestart: /bin/true".to_owned(),
-        ),
     ];
     for (case, section, line, found) in cases {
         let dir = s.project(&format!("configured-{case}"));
-        let conf = s.fx.root.join(format!("configured-{case}.conf"));
-        let header = format!("[{section}]\n");
-        let text = if base.contains(&header) {
-            base.replacen(&header, &format!("{header}{line}\n"), 1)
-        } else {
-            format!("{base}\n{header}{line}\n")
-        };
-        fs::write(&conf, text).unwrap();
-        fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        let conf = configured(s, &base, case, section, &line);
         let ran = dir.join("ran-in-sandbox");
         let r = s.launch_env(
             &dir,
