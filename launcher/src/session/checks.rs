@@ -28,6 +28,8 @@ pub(super) struct Checked {
     pub(super) user: SandboxUser,
     /// The project directory's device and inode when it was checked.
     project_id: (u64, u64),
+    /// podman's `info`, asked in the background ([`HostCheck`]).
+    host: HostCheck,
 }
 
 impl Checked {
@@ -37,12 +39,23 @@ impl Checked {
         let project_id = fs::metadata(&project)
             .map(|m| (m.dev(), m.ino()))
             .unwrap_or_default();
+        let rootless = user.mapping == crate::podman::UserMapping::KeepId;
         Checked {
             project,
             policy: Policy::new(&agent_sandbox_shared::Allowlist::parse("", "test").unwrap()),
             user,
             project_id,
+            host: HostCheck {
+                state: HostState::Done(Ok(())),
+                rootless,
+            },
         }
+    }
+
+    /// `podman info`'s checks ([`HostCheck::confirm`]) for the checked project: before the sandbox
+    /// container is created, and to explain a start that failed.
+    pub(super) fn confirm_host(&mut self) -> anyhow::Result<()> {
+        self.host.confirm(&self.project)
     }
 
     /// The allowlist read again (under the live lock, [`crate::live::lock`]): the policy the session
@@ -126,16 +139,12 @@ pub(super) fn check_in(
     }
     let policy = Policy::new(&allowlist);
 
+    let mut host = HostCheck::start(podman);
     let probes = Probes::gather(podman, settings);
-    let host = preflight(probes.info)?;
-    // podman's own idea of its storage (storage.conf may move it from the default places checked above).
-    let podman_paths = host
-        .paths
-        .iter()
-        .map(|p| workdir::canonicalize_lenient(p))
-        .collect::<Result<Vec<_>, _>>()
-        .context("cannot resolve podman's storage directories")?;
-    workdir::check_podman_paths(&project, &podman_paths)?;
+    // A podman that does not work fails these queries too: `podman info`'s answer explains it better.
+    if probes.shared.session_networks.is_err() || !probes.images_present {
+        host.confirm(&project)?;
+    }
     refuse_inside_a_live_session(&project, &probes.shared.session_networks)?;
     let (router_image, sandbox_image) = if probes.images_present {
         (Ok(true), Ok(true))
@@ -158,12 +167,13 @@ pub(super) fn check_in(
         &settings.image,
         "AGENT_SANDBOX_IMAGE",
     )?;
-    let user = sandbox_user(&host, &project, &settings.home)?;
+    let user = sandbox_user(host.rootless, &project, &settings.home)?;
     let checked = Checked {
         project,
         policy,
         user,
         project_id,
+        host,
     };
     Ok((checked, probes.shared))
 }
@@ -214,8 +224,6 @@ fn refuse_inside(project: &Path, live: &[PathBuf]) -> anyhow::Result<()> {
 /// Read-only podman queries, made at once before any check decides: each podman call costs 20–200 ms
 /// of start-up, and in sequence they were a third of a session's start time. Nothing is created here.
 struct Probes {
-    /// `podman info --format json`.
-    info: Result<String, PodmanError>,
     /// Whether both images are in local storage (false also when podman could not say: the images are
     /// then checked one by one, with podman's error).
     images_present: bool,
@@ -239,7 +247,6 @@ pub(super) struct SharedProbes {
 impl Probes {
     fn gather(podman: &Podman, settings: &Settings) -> Probes {
         std::thread::scope(|s| {
-            let info = s.spawn(|| podman.run(&args::info()));
             let images = s.spawn(|| {
                 podman
                     .run(&args::image_ids(&[&settings.router_image, &settings.image]))
@@ -249,7 +256,6 @@ impl Probes {
             let egress = s.spawn(|| podman.run(&args::network_inspect(EGRESS_NETWORK)));
             let volume = podman.run(&args::volume_inspect(&settings.home_volume));
             Probes {
-                info: join(info),
                 images_present: join(images),
                 shared: SharedProbes {
                     session_networks: join(networks),
@@ -328,6 +334,103 @@ pub(crate) fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `podman info` and what depends on it: podman works for this user, rootless podman has subordinate
+/// ids, and the project is not podman's storage, run directory or API socket, nor holds or lies in one.
+///
+/// `podman info` is the slowest of podman's answers by far (0.45 s here against 0.04–0.09 s for the
+/// others, most of it podman asking the package manager for the versions of conmon, runc and
+/// slirp4netns), and nothing needs it before the sandbox container, the only one that mounts the
+/// project, is created. So it is asked in a thread of its own when the checks begin, and the session
+/// is set up meanwhile in the mode podman's own rule gives (rootless unless the effective uid is 0,
+/// or inside `podman unshare`). [`HostCheck::confirm`] waits for it before the sandbox container is
+/// created, refuses a podman in the other mode, and runs the checks; a start that fails before then
+/// is reported with `podman info`'s explanation when it has one.
+#[derive(Debug)]
+pub(super) struct HostCheck {
+    state: HostState,
+    /// The mode the session is set up in.
+    pub(super) rootless: bool,
+}
+
+#[derive(Debug)]
+enum HostState {
+    /// `podman info` is under way.
+    Pending(std::thread::JoinHandle<Result<String, PodmanError>>),
+    /// Confirmed (`Err`: the refusal, kept as text for each later asking).
+    Done(Result<(), String>),
+}
+
+impl HostCheck {
+    fn start(podman: &Podman) -> HostCheck {
+        let podman = podman.clone();
+        HostCheck {
+            state: HostState::Pending(std::thread::spawn(move || podman.run(&args::info()))),
+            rootless: podman_rootless(),
+        }
+    }
+
+    /// Waits for `podman info` (once) and checks what it says against the session and `project`.
+    pub(super) fn confirm(&mut self, project: &Path) -> anyhow::Result<()> {
+        if let HostState::Pending(_) = self.state {
+            let HostState::Pending(thread) =
+                std::mem::replace(&mut self.state, HostState::Done(Ok(())))
+            else {
+                unreachable!("matched just above")
+            };
+            let info = thread.join().unwrap_or_else(|_| {
+                Err(PodmanError::Spawn(std::io::Error::other(
+                    "the thread asking `podman info` panicked",
+                )))
+            });
+            let verdict = check_host(info, self.rootless, project).map_err(|e| format!("{e:#}"));
+            self.state = HostState::Done(verdict);
+        }
+        match &self.state {
+            HostState::Done(Ok(())) => Ok(()),
+            HostState::Done(Err(e)) => Err(anyhow::anyhow!("{e}")),
+            HostState::Pending(_) => unreachable!("confirmed above"),
+        }
+    }
+}
+
+/// podman's own rule for its mode: rootless unless the effective uid is 0, and always inside `podman
+/// unshare` (which sets `_CONTAINERS_USERNS_CONFIGURED`).
+fn podman_rootless() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    euid != 0 || std::env::var_os("_CONTAINERS_USERNS_CONFIGURED").is_some_and(|v| !v.is_empty())
+}
+
+/// [`preflight`], then the mode against the one the session was set up in, then the project against
+/// podman's own idea of its storage (storage.conf may move it from the default places
+/// `workdir::check` already refused).
+fn check_host(
+    info: Result<String, PodmanError>,
+    assumed_rootless: bool,
+    project: &Path,
+) -> anyhow::Result<()> {
+    let host = preflight(info)?;
+    if host.rootless != assumed_rootless {
+        bail!(
+            "podman says it runs {} but this launcher, with effective uid {}, set the session up for \
+             {} podman (a remote podman, CONTAINER_HOST or a podman-remote, is not supported): run \
+             agent-sandbox with the local podman of the user it runs as",
+            if host.rootless { "rootless" } else { "rootful" },
+            // SAFETY: geteuid cannot fail and touches no memory.
+            unsafe { libc::geteuid() },
+            if assumed_rootless { "rootless" } else { "rootful" },
+        );
+    }
+    let podman_paths = host
+        .paths
+        .iter()
+        .map(|p| workdir::canonicalize_lenient(p))
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot resolve podman's storage directories")?;
+    workdir::check_podman_paths(project, &podman_paths)?;
+    Ok(())
+}
+
 /// What podman says about the host.
 #[derive(Debug)]
 pub(super) struct HostInfo {
@@ -400,6 +503,69 @@ fn ensure_image(podman: &Podman, present: bool, image: &str, variable: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `podman info` asked in the background (here a stand-in that prints a captured answer, after a
+    /// pause) and confirmed later: the mode podman reports must be the one the session was set up in,
+    /// and the project must stay out of the paths it names; the verdict is kept for a second asking.
+    #[test]
+    fn podman_info_is_confirmed_later_against_mode_and_paths() {
+        let dir = std::env::temp_dir().join(format!("as-hostcheck-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let ours = podman_rootless();
+        let [answer, other] = if ours {
+            ["info-rootless.json", "info-rootful.json"]
+        } else {
+            ["info-rootful.json", "info-rootless.json"]
+        }
+        .map(|f| {
+            let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/podman/4.3.1")
+                .join(f);
+            let script = dir.join(format!("podman-{f}"));
+            fs::write(
+                &script,
+                format!("#!/bin/sh\nsleep 0.2\ncat '{}'\n", sample.display()),
+            )
+            .unwrap();
+            fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            Podman::stand_in(script)
+        });
+        let graph_root = |podman: &Podman| {
+            let json = podman.run(&args::info()).unwrap();
+            PathBuf::from(Info::parse(&json).unwrap().store.graph_root)
+        };
+
+        let mut host = HostCheck::start(&answer);
+        assert_eq!(host.rootless, ours);
+        assert!(matches!(host.state, HostState::Pending(_)));
+        host.confirm(Path::new("/nonexistent-as/project")).unwrap();
+        assert!(matches!(host.state, HostState::Done(Ok(()))));
+
+        let inside = graph_root(&answer).join("as-project");
+        let mut host = HostCheck::start(&answer);
+        let refused = format!("{:#}", host.confirm(&inside).unwrap_err());
+        assert!(
+            refused.contains(&graph_root(&answer).display().to_string()),
+            "{refused}"
+        );
+        assert_eq!(format!("{:#}", host.confirm(&inside).unwrap_err()), refused);
+
+        let mut host = HostCheck::start(&other);
+        let refused = format!(
+            "{:#}",
+            host.confirm(Path::new("/nonexistent-as/p")).unwrap_err()
+        );
+        assert!(refused.contains("set the session up for"), "{refused}");
+
+        let mut host = HostCheck::start(&Podman::stand_in("/nonexistent-as/podman"));
+        let refused = format!(
+            "{:#}",
+            host.confirm(Path::new("/nonexistent-as/p")).unwrap_err()
+        );
+        assert!(refused.contains("podman is not installed"), "{refused}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn host_info() {
@@ -512,6 +678,10 @@ mod tests {
                 host_uid: 1000,
             },
             project_id: (meta.dev(), meta.ino()),
+            host: HostCheck {
+                state: HostState::Done(Ok(())),
+                rootless: true,
+            },
         };
         assert!(checked.still_the_checked_project().is_ok());
         // Swapped for a symlink to another directory.

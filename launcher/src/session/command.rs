@@ -63,18 +63,20 @@ pub(super) fn run_command(
     status.context("waiting for the sandbox's podman run")
 }
 
-/// The sandbox container of a session, right before it runs: the project checked once more (it must be
-/// the directory the checks looked at), what is mounted below it read, then [`sandbox_spec`]. The same
+/// The sandbox container of a session, right before it runs: `podman info`'s checks confirmed
+/// (`checks::HostCheck`), the project checked once more (it must be the directory the checks looked
+/// at), what is mounted below it read, then [`sandbox_spec`]. The same
 /// for an interactive command and for the doctor's probe.
 fn checked_spec(
     podman: &Podman,
     settings: &Settings,
-    checked: Checked,
+    mut checked: Checked,
     shared: &Shared,
     session: &Session,
     command: Vec<OsString>,
     tty: bool,
 ) -> anyhow::Result<SandboxSpec> {
+    checked.confirm_host()?;
     checked.still_the_checked_project()?;
     let covered = covered(podman, &checked, session)?;
     Ok(sandbox_spec(

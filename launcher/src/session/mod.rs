@@ -68,7 +68,8 @@ pub enum SessionError {
     /// A signal arrived while the session was being set up (what was created is removed).
     #[error("interrupted by signal {0} while starting the session; removed what was created")]
     Interrupted(i32),
-    /// Step 1: the checks refused (directory, allowlist, podman's set-up, images); nothing was created.
+    /// Step 1: the checks refused (directory, allowlist, podman's set-up, images); nothing was created,
+    /// or, for what `podman info` says (it is confirmed later: `checks::HostCheck`), what was is removed.
     #[error(transparent)]
     Check(anyhow::Error),
     /// Step 2: the stale sweep, the egress network or the home volume failed.
@@ -103,12 +104,13 @@ pub fn run(
 ) -> Result<i32, SessionError> {
     let (mut checked, probes) = checks::check(podman, settings).map_err(SessionError::Check)?;
     interrupted(signals)?;
-    let shared =
-        shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
+    let shared = shared::prepare_shared(podman, settings, &checked, probes)
+        .map_err(|e| host_first(&mut checked, SessionError::Shared(e)))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
-    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)
+        .map_err(|e| host_first(&mut checked, e))?;
     drop(lock);
     let status = command::run_command(
         podman, settings, checked, &shared, &session, command, signals,
@@ -163,11 +165,12 @@ pub fn run_probe(
     probes.volume = home
         .create(podman, &settings.state_dir, &checked.project, &mut cleanup)
         .map_err(SessionError::Shared)?;
-    let shared =
-        shared::prepare_shared(podman, settings, &checked, probes).map_err(SessionError::Shared)?;
+    let shared = shared::prepare_shared(podman, settings, &checked, probes)
+        .map_err(|e| host_first(&mut checked, SessionError::Shared(e)))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
-    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)?;
+    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)
+        .map_err(|e| host_first(&mut checked, e))?;
     drop(lock);
     let target = ProbeTarget {
         router: session.router.clone(),
@@ -184,6 +187,19 @@ pub fn run_probe(
     progress("probe finished; removing the session");
     cleanup.run();
     Ok(out)
+}
+
+/// A step before the sandbox's that failed: what `podman info` refuses, when it refuses something, comes
+/// first (a podman without subordinate ids, say, fails to start the router with a message that does not
+/// say so); an interruption stays one.
+fn host_first(checked: &mut checks::Checked, e: SessionError) -> SessionError {
+    if matches!(e, SessionError::Interrupted(_)) {
+        return e;
+    }
+    match checked.confirm_host() {
+        Err(refusal) => SessionError::Check(refusal),
+        Ok(()) => e,
+    }
 }
 
 /// For `agent-sandbox doctor`: how many session networks of a `podman network ls` listing belong to

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-use super::checks::HostInfo;
 use super::say;
 use crate::podman::UserMapping;
 
@@ -30,7 +29,7 @@ pub(super) struct SandboxUser {
 /// when run through sudo, else the owner of the project directory. When that is root, the sandbox user
 /// is root with no capabilities and nested podman is not available; rootless is the supported mode.
 pub(super) fn sandbox_user(
-    host: &HostInfo,
+    rootless: bool,
     project: &Path,
     home: &Path,
 ) -> anyhow::Result<SandboxUser> {
@@ -42,7 +41,7 @@ pub(super) fn sandbox_user(
             home.display()
         ))
     };
-    if host.rootless {
+    if rootless {
         let name = passwd_lookup(uid)
             .map(|(n, _)| n)
             .or_else(|| std::env::var("USER").ok())
