@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context as _};
 
 use super::checks::{Checked, SharedProbes};
+use super::user::SandboxUser;
 use super::{join, stale};
 use crate::podman::json::{Network, VolumeInspect};
-use crate::podman::{args, Podman, PodmanError};
+use crate::podman::{args, Podman, PodmanError, UserMapping};
 use crate::settings::{Settings, EGRESS_NETWORK};
 
 /// What the shared objects contribute to a session.
@@ -39,12 +40,8 @@ pub(super) fn prepare_shared(
             _ => stale::remove_stale_sessions(podman, &settings.state_dir),
         });
         let egress = s.spawn(|| ensure_egress_network(podman, probes.egress));
-        let volume = ensure_home_volume(
-            podman,
-            &settings.home_volume,
-            checked.user.host_uid,
-            probes.volume,
-        );
+        let volume =
+            ensure_home_volume(podman, &settings.home_volume, &checked.user, probes.volume);
         (join(swept), join(egress), volume)
     });
     swept?;
@@ -90,13 +87,14 @@ fn dns_servers(inspect_json: &str) -> Vec<SocketAddr> {
 /// Creates the home volume unless it exists; returns whether it must be re-owned to `uid` on mount
 /// (podman's `:U` is recursive, so only when its top directory is not already theirs), and its
 /// directory when visible from here. A volume that is not a plain one of podman's is refused
-/// (`home_volume_refusal`).
+/// (`home_volume_refusal`), and so is, rootful, another user's (`foreign_home`).
 fn ensure_home_volume(
     podman: &Podman,
     name: &str,
-    uid: u32,
+    user: &SandboxUser,
     probed: Result<String, PodmanError>,
 ) -> anyhow::Result<(bool, Option<PathBuf>)> {
+    let uid = user.host_uid;
     let inspect = match probed {
         Ok(inspect) => inspect,
         Err(_) => {
@@ -120,7 +118,13 @@ fn ensure_home_volume(
     }
     let dir = volume.mountpoint;
     Ok(match fs::metadata(&dir) {
-        Ok(meta) if meta.is_dir() => (meta.uid() != uid, Some(dir)),
+        Ok(meta) if meta.is_dir() => {
+            let rootful = matches!(user.mapping, UserMapping::Host { .. });
+            if let Some(why) = foreign_home(rootful, meta.uid(), uid) {
+                bail!("the home volume {name} {why}");
+            }
+            (meta.uid() != uid, Some(dir))
+        }
         // Not visible from here: let podman make it right.
         _ => (true, None),
     })
@@ -157,6 +161,23 @@ pub(crate) fn home_volume_refusal(volume: &VolumeInspect) -> Option<String> {
         ));
     }
     None
+}
+
+/// Rootful, every user's sessions share podman's one set of volumes (root's): under sudo, users A and
+/// B both get the home volume of the same name, and re-owning it to B (`:U`, recursive) would hand B's
+/// sandbox A's home (shell history, Claude's sessions and notes). So a volume whose top directory
+/// belongs to another user than the sandbox's, and not to root (a new volume, or one only a root
+/// sandbox used), is refused. Rootless, each user has their own volumes.
+fn foreign_home(rootful: bool, owner: u32, sandbox_uid: u32) -> Option<String> {
+    (rootful && owner != 0 && owner != sandbox_uid).then(|| {
+        format!(
+            "belongs to uid {owner}, another user than the sandbox's (uid {sandbox_uid}): rootful \
+             podman's volumes are shared by every user, and re-owning it would show that user's home \
+             to this sandbox. Give this user a volume of their own \
+             (AGENT_SANDBOX_HOME_VOLUME=agent-sandbox-home-{sandbox_uid}; the session creates it), or \
+             run agent-sandbox as that user with rootless podman (the supported mode)"
+        )
+    })
 }
 
 /// What to do about a refused home volume.
@@ -216,6 +237,22 @@ mod tests {
         }
         assert!(VolumeInspect::parse("[]").is_err());
         assert!(VolumeInspect::parse("garbage").is_err());
+    }
+
+    #[test]
+    fn rootful_another_users_home_is_refused() {
+        // Rootful: a new volume (root's) or one a root sandbox used is taken over; the user's own kept.
+        assert_eq!(foreign_home(true, 0, 1000), None);
+        assert_eq!(foreign_home(true, 1000, 1000), None);
+        let why = foreign_home(true, 1001, 1000).unwrap();
+        assert!(
+            why.contains("uid 1001") && why.contains("agent-sandbox-home-1000"),
+            "{why}"
+        );
+        // A root sandbox does not take over a user's home either.
+        assert!(foreign_home(true, 1001, 0).is_some());
+        // Rootless: the user's own storage.
+        assert_eq!(foreign_home(false, 1001, 1000), None);
     }
 
     #[test]
