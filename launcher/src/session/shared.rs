@@ -172,10 +172,10 @@ fn foreign_home(rootful: bool, owner: u32, sandbox_uid: u32) -> Option<String> {
     (rootful && owner != 0 && owner != sandbox_uid).then(|| {
         format!(
             "belongs to uid {owner}, another user than the sandbox's (uid {sandbox_uid}): rootful \
-             podman's volumes are shared by every user, and re-owning it would show that user's home \
-             to this sandbox. Give this user a volume of their own \
+             podman's volumes are shared by every user, and re-owning it would show uid {owner}'s \
+             home to this sandbox. Give uid {sandbox_uid} a volume of its own \
              (AGENT_SANDBOX_HOME_VOLUME=agent-sandbox-home-{sandbox_uid}; the session creates it), or \
-             run agent-sandbox as that user with rootless podman (the supported mode)"
+             run agent-sandbox as your own user with rootless podman (the supported mode)"
         )
     })
 }
