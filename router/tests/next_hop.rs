@@ -130,6 +130,51 @@ fn a_next_hop_added_while_running_is_refused_soon() {
     assert!(reached.starts_with("HTTP/1.1 200"), "{reached}");
 }
 
+/// After an idle spell the set is too old to use, so the first dial reads it again itself: a route
+/// added after two idle seconds has its next hop refused at once, even to many dials at the same moment
+/// (reviewer Y: with the background re-read alone, 17 of 40 such dials reached the new next hop).
+#[test]
+fn a_next_hop_added_after_an_idle_spell_is_refused_at_once() {
+    if !lab::require_netns() {
+        return;
+    }
+    let lab = Lab::new(2);
+    let hop = lab.upstream_ips[0];
+    let dns = Dns::start(&lab);
+    dns.set("hop.test", DnsBehaviour::A(hop));
+    let at_hop = Upstream::start(&lab, SocketAddr::from((hop, 80)), ok_handler);
+    let toml = format!(
+        "hosts = [\"hop.test\"]\nresolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
+        dns.addr
+    );
+    let router = RouterProc::start(&lab, &toml);
+    let before = get(&lab, &router, "hop.test");
+    assert!(before.starts_with("HTTP/1.1 200"), "{before}");
+    // The idle spell is the condition under test, not a wait for readiness.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    ip_r(&lab, &format!("route add 198.20.0.0/24 via {hop}"));
+    let barrier = std::sync::Barrier::new(20);
+    let answers: Vec<String> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..20)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    get(&lab, &router, "hop.test")
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for a in &answers {
+        assert!(a.starts_with("HTTP/1.1 403"), "{a}");
+    }
+    assert_eq!(
+        at_hop.accepted.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "only the request before the route"
+    );
+}
+
 /// `ip -n R ...` for a route or nexthop of the test's.
 fn ip_r(lab: &Lab, args: &str) {
     let mut all = vec!["-n", &lab.r.name];

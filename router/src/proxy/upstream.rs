@@ -32,8 +32,13 @@ use tokio::net::TcpStream;
 use super::cache::ResolveCache;
 use super::routes::next_hops;
 
-/// How long the list of the router's own addresses is reused before it is read again.
+/// How long the list of the router's own addresses is reused before it is read again (in the
+/// background, while dials go on with it).
 const OWN_ADDRESSES_TTL: Duration = Duration::from_secs(1);
+
+/// The oldest the list may be for a dial to use it at all: older (after an idle spell, or a re-read
+/// that never came back), the dial reads it again itself and waits.
+const OWN_ADDRESSES_MAX_AGE: Duration = Duration::from_secs(2);
 
 /// The shortest time given to one connection attempt when several addresses share the budget.
 const MIN_ATTEMPT: Duration = Duration::from_millis(500);
@@ -258,10 +263,10 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
 ///
 /// The re-read runs on a thread of its own, and the dial that asked for it goes on with the set it
 /// has: it takes about 100 µs, but tens of milliseconds on a node with tens of thousands of routes
-/// (110 ms at the route dump's cap), which a connection should not wait for and a runtime worker
-/// should not block on. So a change reaches the check at most [`OWN_ADDRESSES_TTL`] plus one read
-/// after it happens, once connections keep coming; the set read at start is complete before the first
-/// connection.
+/// (110 ms at the route dump's cap), which a connection under steady traffic should not wait for and
+/// a runtime worker should not block on. A set older than [`OWN_ADDRESSES_MAX_AGE`] is never used:
+/// the dial that finds one (the first after an idle spell) reads it again itself, as every dial did
+/// before. So a change reaches the check within two seconds, whenever it happens.
 #[derive(Debug)]
 struct OwnAddresses {
     /// Addresses of the listeners this router serves (added as each serve_* starts).
@@ -272,47 +277,79 @@ struct OwnAddresses {
 
 #[derive(Debug)]
 struct Snapshot {
+    /// When the read that made `set` began.
     taken: Instant,
     set: Arc<HashSet<IpAddr>>,
+    /// A re-read thread is under way.
     reading: bool,
 }
 
 impl OwnAddresses {
     fn new() -> std::io::Result<OwnAddresses> {
+        let taken = Instant::now();
         Ok(OwnAddresses {
             listeners: Mutex::new(HashSet::new()),
             snapshot: Mutex::new(Snapshot {
-                taken: Instant::now(),
+                taken,
                 set: Arc::new(own_and_next_hops()?),
                 reading: false,
             }),
         })
     }
 
-    /// The current set (interfaces and listeners); starts a re-read when it is stale.
+    /// The current set (interfaces and listeners): read again here when too old to use, else
+    /// returned at once, with a re-read started in the background when it is stale.
     fn current(self: &Arc<Self>) -> Arc<HashSet<IpAddr>> {
         let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-        if snap.taken.elapsed() >= OWN_ADDRESSES_TTL && !snap.reading {
+        let age = snap.taken.elapsed();
+        if age >= OWN_ADDRESSES_MAX_AGE {
+            let started = Instant::now();
+            self.install(&mut snap, started, own_and_next_hops());
+        } else if age >= OWN_ADDRESSES_TTL && !snap.reading {
             snap.reading = true;
             let me = Arc::clone(self);
             let spawned = std::thread::Builder::new()
                 .name("own-addresses".into())
                 .spawn(move || me.reread());
             if let Err(error) = spawned {
-                // No thread (the process is at its limit): read on the next dial's turn instead.
+                // No thread (the process is at its limit): the set is read in a dial once too old.
                 snap.reading = false;
-                snap.taken = Instant::now();
                 tracing::warn!(%error, "cannot start a thread to re-read the local addresses and routes");
             }
         }
         Arc::clone(&snap.set)
     }
 
-    /// Reads the set again and installs it; on an error keeps the previous one (and retries after the
-    /// next [`OWN_ADDRESSES_TTL`]) rather than allow everything.
+    /// The background re-read: reads the set and installs it unless a dial installed a newer one
+    /// meanwhile. `reading` is cleared however it ends (a panic included), so that another can start.
     fn reread(&self) {
+        struct Done<'a>(&'a OwnAddresses);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .snapshot
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .reading = false;
+            }
+        }
+        let _done = Done(self);
+        let started = Instant::now();
         let read = own_and_next_hops();
         let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if started > snap.taken {
+            self.install(&mut snap, started, read);
+        }
+    }
+
+    /// Installs a read that began at `started`, with the listeners' addresses; on an error keeps the
+    /// previous set (and retries after the next [`OWN_ADDRESSES_TTL`]) rather than allow everything.
+    fn install(
+        &self,
+        snap: &mut Snapshot,
+        started: Instant,
+        read: std::io::Result<HashSet<IpAddr>>,
+    ) {
         match read {
             Ok(mut set) => {
                 set.extend(
@@ -325,8 +362,7 @@ impl OwnAddresses {
             }
             Err(error) => tracing::warn!(%error, "cannot list local addresses"),
         }
-        snap.taken = Instant::now();
-        snap.reading = false;
+        snap.taken = started;
     }
 
     fn add_listener(&self, ip: IpAddr) {
