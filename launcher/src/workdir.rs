@@ -164,17 +164,30 @@ fn related(a: &Path, b: &Path) -> bool {
 /// The mount points strictly below `dir` (canonical) in this process's mount table, the topmost of
 /// each (one below another is hidden with it), in order.
 pub fn mounts_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    Ok(mounts_below_in(&fs::read("/proc/self/mountinfo")?, dir))
+    Ok(mounts_below_in(
+        &fs::read("/proc/self/mountinfo")?,
+        dir,
+        false,
+    ))
+}
+
+/// [`mounts_below`], and `dir` itself first when something is mounted on it.
+pub fn mounts_at_or_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(mounts_below_in(
+        &fs::read("/proc/self/mountinfo")?,
+        dir,
+        true,
+    ))
 }
 
 /// [`mounts_below`] over the bytes of a `mountinfo` file (not text: the kernel escapes only space,
 /// tab, newline and backslash, and a mount point anywhere may hold any other byte).
-fn mounts_below_in(mountinfo: &[u8], dir: &Path) -> Vec<PathBuf> {
+fn mounts_below_in(mountinfo: &[u8], dir: &Path, with_dir: bool) -> Vec<PathBuf> {
     let mut below: Vec<PathBuf> = mountinfo
         .split(|b| *b == b'\n')
         .filter_map(|line| line.split(|b| *b == b' ').nth(4))
         .map(unescape_mount_point)
-        .filter(|point| point != dir && point.starts_with(dir))
+        .filter(|point| (with_dir || point != dir) && point.starts_with(dir))
         .collect();
     below.sort();
     below.dedup();
@@ -631,20 +644,30 @@ mod tests {
 ";
         let info = info.as_bytes();
         assert_eq!(
-            mounts_below_in(info, Path::new("/home/me/src/p")),
+            mounts_below_in(info, Path::new("/home/me/src/p"), false),
             vec![
                 p("/home/me/src/p/a b"),
                 p("/home/me/src/p/back\\slash"),
                 p("/home/me/src/p/usb")
             ]
         );
-        assert!(mounts_below_in(info, Path::new("/home/me/src/pp")).is_empty());
+        assert!(mounts_below_in(info, Path::new("/home/me/src/pp"), false).is_empty());
+        // With the directory itself: it is mounted on, which hides what is below.
+        assert_eq!(
+            mounts_below_in(info, Path::new("/home/me/src/p"), true),
+            vec![p("/home/me/src/p")]
+        );
+        assert_eq!(
+            mounts_below_in(info, Path::new("/home/me/src/p/usb/inner"), true),
+            vec![p("/home/me/src/p/usb/inner")]
+        );
+        assert!(mounts_below_in(info, Path::new("/home/me/src/p/a"), true).is_empty());
         assert_eq!(unescape_mount_point(b"/x\\0"), p("/x\\0"));
         assert_eq!(unescape_mount_point(b"/x\\777"), p("/x\\777"));
         // A mount point that is not UTF-8, anywhere in the table, is read like any other.
         let latin1 = b"40 22 0:50 / /home/me/src/p/caf\xe9 rw - vfat /dev/sdc1 rw\n";
         assert_eq!(
-            mounts_below_in(latin1, Path::new("/home/me/src/p")),
+            mounts_below_in(latin1, Path::new("/home/me/src/p"), false),
             vec![PathBuf::from(
                 <OsString as std::os::unix::ffi::OsStringExt>::from_vec(
                     b"/home/me/src/p/caf\xe9".to_vec()

@@ -4,7 +4,7 @@
 use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 
@@ -160,7 +160,41 @@ pub(crate) fn home_volume_refusal(volume: &VolumeInspect) -> Option<String> {
             volume.mountpoint.display()
         ));
     }
-    None
+    // Its `NAME/_data` (podman's storage above it may be a link) must be a real directory there, not
+    // reached through a link at `NAME`, and nothing may be mounted on it or below it (the runtime
+    // binds it with what is mounted below).
+    let dir = &volume.mountpoint;
+    let (Ok(real), Some(Ok(volumes))) = (
+        fs::canonicalize(dir),
+        dir.parent().and_then(Path::parent).map(fs::canonicalize),
+    ) else {
+        // Not there (yet) or not visible from here: podman creates and mounts it.
+        return None;
+    };
+    let named = dir.iter().rev().take(2).collect::<Vec<_>>();
+    let expected = named.iter().rev().fold(volumes, |p, c| p.join(c));
+    if real != expected {
+        return Some(format!(
+            "has its directory {} at {} through a symbolic link, which the bind would follow",
+            dir.display(),
+            real.display()
+        ));
+    }
+    match crate::workdir::mounts_at_or_below(&real) {
+        Ok(mounts) if mounts.is_empty() => None,
+        Ok(mounts) => Some(format!(
+            "has a file system mounted on its directory or below it ({}), which the sandbox would \
+             see",
+            mounts
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Err(e) => Some(format!(
+            "cannot be checked for mounts on its directory (/proc/self/mountinfo: {e})"
+        )),
+    }
 }
 
 /// Rootful, every user's sessions share podman's one set of volumes (root's): under sudo, users A and
@@ -253,6 +287,55 @@ mod tests {
         assert!(foreign_home(true, 1001, 0).is_some());
         // Rootless: the user's own storage.
         assert_eq!(foreign_home(false, 1001, 1000), None);
+    }
+
+    /// A volume's directory reached through a link at `NAME`, or with a file system mounted on it
+    /// (reviewer Y: `mount --bind /somewhere .../volumes/NAME/_data` showed /somewhere in the sandbox).
+    /// Mounting needs root: skipped otherwise.
+    #[test]
+    fn home_volume_mounted_on_or_linked_at_its_name_is_refused() {
+        struct Undo(PathBuf, Option<PathBuf>);
+        impl Drop for Undo {
+            fn drop(&mut self) {
+                if let Some(m) = &self.1 {
+                    let _ = std::process::Command::new("umount").arg(m).status();
+                }
+                let _ = fs::remove_dir_all(&self.0);
+            }
+        }
+        let base = std::env::temp_dir().join(format!("as-home-mount-{}", std::process::id()));
+        let mut undo = Undo(base.clone(), None);
+        let volumes = base.join("volumes");
+        let data = volumes.join("home").join("_data");
+        fs::create_dir_all(&data).unwrap();
+        let volume = |dir: &Path| VolumeInspect {
+            driver: "local".into(),
+            mountpoint: dir.to_owned(),
+            options: Default::default(),
+        };
+        assert_eq!(home_volume_refusal(&volume(&data)), None);
+        // `volumes/linked` is a link to a directory holding a `_data`.
+        let elsewhere = base.join("elsewhere");
+        fs::create_dir_all(elsewhere.join("_data")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, volumes.join("linked")).unwrap();
+        let why = home_volume_refusal(&volume(&volumes.join("linked/_data"))).unwrap();
+        assert!(why.contains("through a symbolic link"), "{why}");
+        // SAFETY: geteuid cannot fail and touches no memory.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let mounted = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&elsewhere)
+            .arg(&data)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            return;
+        }
+        undo.1 = Some(data.clone());
+        let why = home_volume_refusal(&volume(&data)).unwrap();
+        assert!(why.contains("mounted on its directory"), "{why}");
     }
 
     #[test]

@@ -154,6 +154,12 @@ fn plan(
     cleanup.network = Some(network.clone());
     cleanup.dir = Some(dir.clone());
     create_session_dir(&dir)?;
+    // podman's OCI hooks (containers.conf `hooks_dir`) run programs on this machine when a container
+    // starts, and can change it in any way: every podman command that starts a container for the
+    // session names this empty directory as the only one (`Podman::with_hooks_dir`), so none runs for
+    // them (the mount check refuses any that would still come to the sandbox).
+    let no_hooks = dir.join("no-hooks");
+    fs::create_dir(&no_hooks).with_context(|| format!("cannot create {}", no_hooks.display()))?;
     cleanup.log_dir = Some(logs.clone());
     // Without a log directory of its own (a state directory that cannot be written, or one that
     // fails its ownership checks), the session still starts: podman keeps the logs where it keeps
@@ -177,7 +183,15 @@ fn plan(
         plan.router.resolvers.clone_from(resolvers);
     }
     plan.router.allowlist = Some(settings.allowlist.display().to_string());
-    let inject = session_inject(podman, settings, checked, shared, &dir, &session)?;
+    // The session CA's bundle starts from the sandbox image's, read in a container of its own.
+    let inject = session_inject(
+        &podman.with_hooks_dir(&no_hooks),
+        settings,
+        checked,
+        shared,
+        &dir,
+        &session,
+    )?;
     plan.router.inject = inject.as_ref().map(|i| i.config.clone());
 
     // The policy files (router configuration, relays, addresses handed out) and who the session is:
@@ -219,11 +233,6 @@ fn plan(
     write_file(&hosts, "127.0.0.1\tlocalhost\n")?;
     let resolv = dir.join("resolv.conf");
     write_file(&resolv, &format!("nameserver {router_ip}\n"))?;
-    // podman's OCI hooks (containers.conf `hooks_dir`) run programs on this machine when a container
-    // starts, and can change it in any way: the sandbox's podman commands name this empty directory
-    // as the only one, so none runs for it (the mount check refuses any that would still come).
-    let no_hooks = dir.join("no-hooks");
-    fs::create_dir(&no_hooks).with_context(|| format!("cannot create {}", no_hooks.display()))?;
     Ok(Planned {
         labels,
         base,
