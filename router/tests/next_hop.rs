@@ -36,6 +36,29 @@ fn get(lab: &Lab, router: &RouterProc, host: &str) -> String {
     out
 }
 
+/// The real router in `lab`, serving `names` (each resolving to its address, where an upstream
+/// answers every request with 200 on port 80).
+fn serve(lab: &Lab, names: &[(&str, Ipv4Addr)]) -> (Dns, Vec<Upstream>, RouterProc) {
+    let dns = Dns::start(lab);
+    let mut upstreams = Vec::new();
+    for &(name, addr) in names {
+        dns.set(name, DnsBehaviour::A(addr));
+        upstreams.push(Upstream::start(
+            lab,
+            SocketAddr::from((addr, 80)),
+            ok_handler,
+        ));
+    }
+    let hosts: Vec<String> = names.iter().map(|(n, _)| format!("{n:?}")).collect();
+    let toml = format!(
+        "hosts = [{}]\nresolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
+        hosts.join(", "),
+        dns.addr
+    );
+    let router = RouterProc::start(lab, &toml);
+    (dns, upstreams, router)
+}
+
 #[test]
 fn a_name_resolving_to_a_next_hop_is_not_dialled() {
     if !lab::require_netns() {
@@ -55,16 +78,10 @@ fn a_name_resolving_to_a_next_hop_is_not_dialled() {
             &hop.to_string(),
         ],
     );
-    let dns = Dns::start(&lab);
-    dns.set("hop.test", DnsBehaviour::A(hop));
-    dns.set("peer.test", DnsBehaviour::A(peer));
-    let at_hop = Upstream::start(&lab, SocketAddr::from((hop, 80)), ok_handler);
-    let at_peer = Upstream::start(&lab, SocketAddr::from((peer, 80)), ok_handler);
-    let toml = format!(
-        "hosts = [\"hop.test\", \"peer.test\"]\nresolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
-        dns.addr
-    );
-    let router = RouterProc::start(&lab, &toml);
+    let (_dns, upstreams, router) = serve(&lab, &[("hop.test", hop), ("peer.test", peer)]);
+    let [at_hop, at_peer] = &upstreams[..] else {
+        unreachable!("two upstreams")
+    };
 
     let refused = get(&lab, &router, "hop.test");
     assert!(
@@ -95,16 +112,7 @@ fn a_next_hop_added_while_running_is_refused_soon() {
     }
     let lab = Lab::new(2);
     let (hop, peer) = (lab.upstream_ips[0], lab.upstream_ips[1]);
-    let dns = Dns::start(&lab);
-    dns.set("hop.test", DnsBehaviour::A(hop));
-    dns.set("peer.test", DnsBehaviour::A(peer));
-    let _at_hop = Upstream::start(&lab, SocketAddr::from((hop, 80)), ok_handler);
-    let _at_peer = Upstream::start(&lab, SocketAddr::from((peer, 80)), ok_handler);
-    let toml = format!(
-        "hosts = [\"hop.test\", \"peer.test\"]\nresolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
-        dns.addr
-    );
-    let router = RouterProc::start(&lab, &toml);
+    let (_dns, _upstreams, router) = serve(&lab, &[("hop.test", hop), ("peer.test", peer)]);
     let before = get(&lab, &router, "hop.test");
     assert!(
         before.starts_with("HTTP/1.1 200"),
@@ -140,14 +148,8 @@ fn a_next_hop_added_after_an_idle_spell_is_refused_at_once() {
     }
     let lab = Lab::new(2);
     let hop = lab.upstream_ips[0];
-    let dns = Dns::start(&lab);
-    dns.set("hop.test", DnsBehaviour::A(hop));
-    let at_hop = Upstream::start(&lab, SocketAddr::from((hop, 80)), ok_handler);
-    let toml = format!(
-        "hosts = [\"hop.test\"]\nresolvers = [\"{}\"]\nconnect_timeout_secs = 2\n",
-        dns.addr
-    );
-    let router = RouterProc::start(&lab, &toml);
+    let (_dns, upstreams, router) = serve(&lab, &[("hop.test", hop)]);
+    let at_hop = &upstreams[0];
     let before = get(&lab, &router, "hop.test");
     assert!(before.starts_with("HTTP/1.1 200"), "{before}");
     // The idle spell is the condition under test, not a wait for readiness.

@@ -69,6 +69,16 @@ pub(crate) struct Run {
     pub(crate) stderr: String,
 }
 
+/// What [`Suite::touch_session`] saw.
+pub(crate) struct Touched {
+    /// The launcher's run.
+    pub(crate) run: Run,
+    /// The command ran (its file exists).
+    pub(crate) ran: bool,
+    /// The session's objects still there afterwards.
+    pub(crate) left: Vec<String>,
+}
+
 /// One mode's run: scenarios get it mutably, one after the other.
 pub(crate) struct Suite<'a> {
     /// Who runs podman and the launcher.
@@ -192,6 +202,20 @@ impl Suite<'_> {
     /// Runs the launcher in `dir` to completion (5 minutes at most).
     pub(crate) fn launch(&self, dir: &Path, args: &[&str]) -> Run {
         self.launch_env(dir, args, &[])
+    }
+
+    /// A session in a new project `name` whose command touches a file there, with extra environment
+    /// variables: what it ended with, whether the command ran, and the session's objects left behind
+    /// (for the cases where the launcher must refuse before the command runs).
+    pub(crate) fn touch_session(&self, name: &str, env: &[(&str, String)]) -> Touched {
+        let dir = self.project(name);
+        let ran = dir.join("ran-in-sandbox");
+        let run = self.launch_env(&dir, &["--exec", "touch", ran.to_str().unwrap()], env);
+        Touched {
+            ran: ran.exists(),
+            left: self.session_objects(&dir),
+            run,
+        }
     }
 
     /// [`Suite::launch`] with extra environment variables.

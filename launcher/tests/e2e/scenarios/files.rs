@@ -106,7 +106,11 @@ pub(crate) fn run(s: &mut Suite<'_>) {
 }
 
 /// The suite's containers.conf with `line` added to its `[section]`, written for `case`.
-fn configured(s: &Suite<'_>, base: &str, case: &str, section: &str, line: &str) -> PathBuf {
+fn configured(s: &Suite<'_>, case: &str, section: &str, line: &str) -> PathBuf {
+    let base = std::env::var("CONTAINERS_CONF")
+        .ok()
+        .and_then(|p| fs::read_to_string(p).ok())
+        .unwrap_or_default();
     let conf = s.fx.root.join(format!("configured-{case}.conf"));
     let header = format!("[{section}]\n");
     let text = if base.contains(&header) {
@@ -146,25 +150,16 @@ fn configured_hook(s: &mut Suite<'_>) {
     if !s.mode.rootful() {
         chown_r(&hooks, s.mode.uid, s.mode.gid);
     }
-    let base = std::env::var("CONTAINERS_CONF")
-        .ok()
-        .and_then(|p| fs::read_to_string(p).ok())
-        .unwrap_or_default();
     let conf = configured(
         s,
-        &base,
         "hook",
         "engine",
         &format!("hooks_dir = [\"{}\"]", hooks.display()),
     );
-    let dir = s.project("configured-hook");
-    let ran = dir.join("ran-in-sandbox");
-    let r = s.launch_env(
-        &dir,
-        &["--exec", "touch", ran.to_str().unwrap()],
+    let t = s.touch_session(
+        "configured-hook",
         &[("CONTAINERS_CONF", conf.display().to_string())],
     );
-    let left = s.session_objects(&dir);
     let hook_ran = marker.exists();
     // The same configuration does run the hook for a container podman starts on its own, so the
     // hook's not running above is the launcher's doing.
@@ -183,13 +178,11 @@ fn configured_hook(s: &mut Suite<'_>) {
             "true",
         ]));
     s.checks.check(
-        r.code == Some(0) && ran.exists() && !hook_ran && left.is_empty(),
+        t.run.code == Some(0) && t.ran && !hook_ran && t.left.is_empty(),
         format!(
             "[{name}] a hooks_dir's OCI hook runs for none of the session's containers, and the \
-             session runs: code {:?}, ran {}, hook ran {hook_ran}, left {left:?}\n{}",
-            r.code,
-            ran.exists(),
-            r.stderr
+             session runs: code {:?}, ran {}, hook ran {hook_ran}, left {:?}\n{}",
+            t.run.code, t.ran, t.left, t.run.stderr
         ),
     );
     s.checks.check(
@@ -226,29 +219,23 @@ fn bound_home_volume(s: &mut Suite<'_>) {
         &device,
         &volume,
     ]);
-    let dir = s.project("bound-home");
-    let ran = dir.join("ran-in-sandbox");
-    let r = s.launch_env(
-        &dir,
-        &["--exec", "touch", ran.to_str().unwrap()],
+    let t = s.touch_session(
+        "bound-home",
         &[("AGENT_SANDBOX_HOME_VOLUME", volume.clone())],
     );
-    let left = s.session_objects(&dir);
+    let stderr = &t.run.stderr;
     s.checks.check(
-        r.code != Some(0)
-            && r.stderr
-                .contains(&format!("the home volume {volume} has mount options"))
-            && r.stderr.contains(&device)
-            && r.stderr.contains("AGENT_SANDBOX_HOME_VOLUME")
-            && !ran.exists()
+        t.run.code != Some(0)
+            && stderr.contains(&format!("the home volume {volume} has mount options"))
+            && stderr.contains(&device)
+            && stderr.contains("AGENT_SANDBOX_HOME_VOLUME")
+            && !t.ran
             && fs::read_dir(&outside).is_ok_and(|mut d| d.next().is_none())
-            && left.is_empty(),
+            && t.left.is_empty(),
         format!(
             "[{name}] a home volume that binds a host directory stops the session before its \
-             command: code {:?}, ran {}, left {left:?}\n{}",
-            r.code,
-            ran.exists(),
-            r.stderr
+             command: code {:?}, ran {}, left {:?}\n{stderr}",
+            t.run.code, t.ran, t.left
         ),
     );
 }
@@ -291,10 +278,6 @@ fn configured_volume(s: &mut Suite<'_>) {
     let name = s.mode.name().to_owned();
     let outside = s.fx.root.join("configured-volume-outside");
     fs::create_dir_all(&outside).unwrap();
-    let base = std::env::var("CONTAINERS_CONF")
-        .ok()
-        .and_then(|p| fs::read_to_string(p).ok())
-        .unwrap_or_default();
     let cases = [
         (
             "bind",
@@ -316,28 +299,23 @@ fn configured_volume(s: &mut Suite<'_>) {
         ),
     ];
     for (case, section, line, found) in cases {
-        let dir = s.project(&format!("configured-{case}"));
-        let conf = configured(s, &base, case, section, &line);
-        let ran = dir.join("ran-in-sandbox");
-        let r = s.launch_env(
-            &dir,
-            &["--exec", "touch", ran.to_str().unwrap()],
+        let conf = configured(s, case, section, &line);
+        let t = s.touch_session(
+            &format!("configured-{case}"),
             &[("CONTAINERS_CONF", conf.display().to_string())],
         );
-        let left = s.session_objects(&dir);
+        let (r, ran, left) = (&t.run, t.ran, &t.left);
         s.checks.check(
             r.code != Some(0)
                 && r.stderr.contains("refusing to start the sandbox")
                 && r.stderr.contains(&found)
                 && r.stderr.contains("containers.conf")
-                && !ran.exists()
+                && !ran
                 && left.is_empty(),
             format!(
                 "[{name}] {case} from containers.conf stops the session before its command: \
                  code {:?}, ran {}, left {left:?}\n{}",
-                r.code,
-                ran.exists(),
-                r.stderr
+                r.code, ran, r.stderr
             ),
         );
     }

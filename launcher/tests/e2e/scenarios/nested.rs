@@ -47,22 +47,17 @@ pub(crate) fn run(s: &mut Suite<'_>) {
 /// Rootful: the home volume the nested session's user now owns is not handed to a root sandbox (a
 /// root-owned project): the session is refused before anything of it exists, and says what to do.
 fn another_users_home(s: &mut Suite<'_>, env: &[(&str, String)]) {
-    let dir = s.project("another-users-home");
-    let ran = dir.join("ran-in-sandbox");
-    let r = s.launch_env(&dir, &["--exec", "touch", ran.to_str().unwrap()], env);
-    let left = s.session_objects(&dir);
+    let t = s.touch_session("another-users-home", env);
     s.checks.check(
-        r.code != Some(0)
-            && r.stderr.contains("belongs to uid")
-            && r.stderr.contains("AGENT_SANDBOX_HOME_VOLUME")
-            && !ran.exists()
-            && left.is_empty(),
+        t.run.code != Some(0)
+            && t.run.stderr.contains("belongs to uid")
+            && t.run.stderr.contains("AGENT_SANDBOX_HOME_VOLUME")
+            && !t.ran
+            && t.left.is_empty(),
         format!(
             "[rootful] another user's home volume is not handed to this sandbox: code {:?}, ran {}, \
-             left {left:?}\n{}",
-            r.code,
-            ran.exists(),
-            r.stderr
+             left {:?}\n{}",
+            t.run.code, t.ran, t.left, t.run.stderr
         ),
     );
 }
