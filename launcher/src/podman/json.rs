@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
@@ -84,6 +84,19 @@ impl Info {
     pub fn subordinate_ids(&self) -> bool {
         let mapped = |m: &[IdMap]| m.iter().map(|e| e.size).sum::<u64>();
         mapped(&self.host.id_mappings.uidmap) > 1 && mapped(&self.host.id_mappings.gidmap) > 1
+    }
+
+    /// Where the storage keeps containers' own files: `<driver>-containers` under the graph root and
+    /// under the run root (absolute ones only; empty unless both are named, with the driver).
+    #[must_use]
+    pub fn container_stores(&self) -> Vec<PathBuf> {
+        let s = &self.store;
+        let dir = format!("{}-containers", s.graph_driver_name);
+        let roots = [&s.graph_root, &s.run_root].map(|r| Path::new(r.as_str()).join(&dir));
+        if s.graph_driver_name.is_empty() || roots.iter().any(|r| !r.is_absolute()) {
+            return Vec::new();
+        }
+        roots.to_vec()
     }
 
     /// podman's storage, runtime and configuration paths as it reports them (graphRoot, runRoot,
@@ -563,6 +576,12 @@ mod tests {
             assert_eq!(info.host.oci_runtime.name, runtime, "{version}");
             assert_eq!(info.host.network_backend_info.dns.version, dns, "{version}");
             assert_eq!(info.store.graph_driver_name, "overlay", "{version}");
+            let stores = info.container_stores();
+            assert_eq!(stores.len(), 2, "{version}");
+            assert!(
+                stores.iter().all(|s| s.ends_with("overlay-containers")),
+                "{version}: {stores:?}"
+            );
         }
     }
 

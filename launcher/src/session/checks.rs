@@ -46,15 +46,16 @@ impl Checked {
             user,
             project_id,
             host: HostCheck {
-                state: HostState::Done(Ok(())),
+                state: HostState::Done(Ok(Vec::new())),
                 rootless,
             },
         }
     }
 
     /// `podman info`'s checks ([`HostCheck::confirm`]) for the checked project: before the sandbox
-    /// container is created, and to explain a start that failed.
-    pub(super) fn confirm_host(&mut self) -> anyhow::Result<()> {
+    /// container is created, and to explain a start that failed. Returns where podman keeps
+    /// containers ([`HostInfo::container_stores`]).
+    pub(super) fn confirm_host(&mut self) -> anyhow::Result<Vec<PathBuf>> {
         self.host.confirm(&self.project)
     }
 
@@ -356,8 +357,9 @@ pub(super) struct HostCheck {
 enum HostState {
     /// `podman info` is under way.
     Pending(std::thread::JoinHandle<Result<String, PodmanError>>),
-    /// Confirmed (`Err`: the refusal, kept as text for each later asking).
-    Done(Result<(), String>),
+    /// Confirmed, with where podman keeps containers (`Err`: the refusal, kept as text for each
+    /// later asking).
+    Done(Result<Vec<PathBuf>, String>),
 }
 
 impl HostCheck {
@@ -370,10 +372,10 @@ impl HostCheck {
     }
 
     /// Waits for `podman info` (once) and checks what it says against the session and `project`.
-    pub(super) fn confirm(&mut self, project: &Path) -> anyhow::Result<()> {
+    pub(super) fn confirm(&mut self, project: &Path) -> anyhow::Result<Vec<PathBuf>> {
         if let HostState::Pending(_) = self.state {
             let HostState::Pending(thread) =
-                std::mem::replace(&mut self.state, HostState::Done(Ok(())))
+                std::mem::replace(&mut self.state, HostState::Done(Ok(Vec::new())))
             else {
                 unreachable!("matched just above")
             };
@@ -386,7 +388,7 @@ impl HostCheck {
             self.state = HostState::Done(verdict);
         }
         match &self.state {
-            HostState::Done(Ok(())) => Ok(()),
+            HostState::Done(Ok(stores)) => Ok(stores.clone()),
             HostState::Done(Err(e)) => Err(anyhow::anyhow!("{e}")),
             HostState::Pending(_) => unreachable!("confirmed above"),
         }
@@ -408,7 +410,7 @@ fn check_host(
     info: Result<String, PodmanError>,
     assumed_rootless: bool,
     project: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<PathBuf>> {
     let host = preflight(info)?;
     if host.rootless != assumed_rootless {
         bail!(
@@ -428,7 +430,7 @@ fn check_host(
         .collect::<Result<Vec<_>, _>>()
         .context("cannot resolve podman's storage directories")?;
     workdir::check_podman_paths(project, &podman_paths)?;
-    Ok(())
+    Ok(host.container_stores)
 }
 
 /// What podman says about the host.
@@ -441,6 +443,10 @@ pub(super) struct HostInfo {
     /// podman's storage, runtime and configuration paths as it reports them (graphRoot, runRoot,
     /// volumePath, the storage configuration file, its API socket).
     pub(super) paths: Vec<PathBuf>,
+    /// Where its storage keeps containers' own files by its layout, `<driver>-containers` under the
+    /// graph root (their `config.json`) and the run root (what podman writes for them); empty when
+    /// `podman info` does not name both.
+    pub(super) container_stores: Vec<PathBuf>,
 }
 
 /// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
@@ -474,6 +480,7 @@ fn parse_host_info(json: &str) -> anyhow::Result<HostInfo> {
         rootless: info.host.security.rootless,
         subordinate_ids: info.subordinate_ids(),
         paths: info.paths(),
+        container_stores: info.container_stores(),
     })
 }
 
@@ -540,7 +547,7 @@ mod tests {
         assert_eq!(host.rootless, ours);
         assert!(matches!(host.state, HostState::Pending(_)));
         host.confirm(Path::new("/nonexistent-as/project")).unwrap();
-        assert!(matches!(host.state, HostState::Done(Ok(()))));
+        assert!(matches!(host.state, HostState::Done(Ok(_))));
 
         let inside = graph_root(&answer).join("as-project");
         let mut host = HostCheck::start(&answer);
@@ -679,7 +686,7 @@ mod tests {
             },
             project_id: (meta.dev(), meta.ino()),
             host: HostCheck {
-                state: HostState::Done(Ok(())),
+                state: HostState::Done(Ok(Vec::new())),
                 rootless: true,
             },
         };

@@ -29,7 +29,7 @@ pub(super) fn run_command(
 ) -> anyhow::Result<ExitStatus> {
     // No OCI hook of podman's configuration runs for the sandbox (see `Podman::with_hooks_dir`).
     let podman = &podman.with_hooks_dir(&session.no_hooks);
-    let spec = checked_spec(
+    let (spec, stores) = checked_spec(
         podman,
         settings,
         checked,
@@ -54,7 +54,7 @@ pub(super) fn run_command(
         }
     };
     signals.set_forward(forward);
-    super::mounts::create_checked(podman, &spec)?;
+    super::mounts::create_checked(podman, &spec, &stores)?;
     let mut child = podman.spawn_foreground(&args::sandbox_start(&spec))?;
     signals.set_child(Some(child.id()));
     signals.forward_pending();
@@ -75,13 +75,12 @@ fn checked_spec(
     session: &Session,
     command: Vec<OsString>,
     tty: bool,
-) -> anyhow::Result<SandboxSpec> {
-    checked.confirm_host()?;
+) -> anyhow::Result<(SandboxSpec, Vec<PathBuf>)> {
+    let stores = checked.confirm_host()?;
     checked.still_the_checked_project()?;
     let covered = covered(podman, &checked, session)?;
-    Ok(sandbox_spec(
-        settings, checked, covered, shared, session, command, tty,
-    ))
+    let spec = sandbox_spec(settings, checked, covered, shared, session, command, tty);
+    Ok((spec, stores))
 }
 
 /// The sandbox container of a session.
@@ -208,8 +207,8 @@ pub(super) fn run_captured(
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
     let podman = &podman.with_hooks_dir(&session.no_hooks);
-    let spec = checked_spec(podman, settings, checked, shared, session, command, false)?;
-    super::mounts::create_checked(podman, &spec)?;
+    let (spec, stores) = checked_spec(podman, settings, checked, shared, session, command, false)?;
+    super::mounts::create_checked(podman, &spec, &stores)?;
     podman
         .output(&args::sandbox_start(&spec))
         .context("running the probe in the sandbox")
@@ -347,7 +346,8 @@ mod tests {
             vec!["claude".into()],
             false,
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert!(!spec.pass_env.iter().any(|n| n == "ANTHROPIC_API_KEY"));
         let argv: Vec<String> = args::sandbox_create(&spec)
             .iter()

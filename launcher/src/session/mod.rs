@@ -198,7 +198,7 @@ fn host_first(checked: &mut checks::Checked, e: SessionError) -> SessionError {
     }
     match checked.confirm_host() {
         Err(refusal) => SessionError::Check(refusal),
-        Ok(()) => e,
+        Ok(_) => e,
     }
 }
 

@@ -25,7 +25,7 @@
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
@@ -67,12 +67,26 @@ const INIT_NAMES: &[&str] = &["catatonit", "tini", "tini-static", "dumb-init"];
 #[derive(Debug)]
 struct Container {
     id: String,
-    stores: Vec<std::path::PathBuf>,
+    stores: Vec<PathBuf>,
 }
 
 impl Container {
+    /// Where podman keeps the container `id` by its storage's layout (`<root>/<driver>-containers/<id>`
+    /// under the graph root and the run root, as `podman info` names them), and its `config.json`
+    /// there. None for an id that is not one.
+    fn from_stores(id: &str, stores: &[PathBuf]) -> Option<(Container, PathBuf)> {
+        let config = stores.first()?.join(id).join("userdata/config.json");
+        (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| {
+            let container = Container {
+                id: id.to_owned(),
+                stores: stores.to_vec(),
+            };
+            (container, config)
+        })
+    }
+
     fn from_inspect(inspect: &ContainerInspect) -> anyhow::Result<Container> {
-        let store_of = |path: &Path| -> Option<std::path::PathBuf> {
+        let store_of = |path: &Path| -> Option<PathBuf> {
             let userdata = path.parent()?;
             let id = userdata.parent()?;
             (userdata.file_name()? == "userdata" && id.file_name()? == OsStr::new(&inspect.id))
@@ -121,27 +135,45 @@ impl Container {
 
 /// Creates and initialises the sandbox container of `spec`, and refuses it (it is left to the session's
 /// cleanup, which removes the pod) unless its OCI configuration mounts only what is allowed.
-pub(super) fn create_checked(podman: &Podman, spec: &SandboxSpec) -> anyhow::Result<()> {
-    podman
+///
+/// `stores` are where podman keeps containers by its storage's layout (`checks::HostInfo`): the
+/// configuration is read from there, and only when it is not there (another layout, a transient
+/// store) is podman asked where it is (`podman container inspect`, a tenth of a second rootless).
+pub(super) fn create_checked(
+    podman: &Podman,
+    spec: &SandboxSpec,
+    stores: &[PathBuf],
+) -> anyhow::Result<()> {
+    let created = podman
         .run(&args::sandbox_create(spec))
         .context("creating the sandbox container")?;
     podman
         .run(&args::container_init(&spec.name))
         .context("initialising the sandbox container")?;
-    let json = podman
-        .run(&args::container_inspect(&spec.name))
-        .context("finding the sandbox container's configuration")?;
-    let inspect = ContainerInspect::parse(&json)?;
-    let container = Container::from_inspect(&inspect)?;
-    let path = inspect.oci_config_path;
     // Rootless, the container's storage belongs to its user namespace's users: read it from there.
     let storage = HostStorage {
         podman,
         rootless: spec.user == UserMapping::KeepId,
     };
-    let bytes = storage
-        .read(&path, MAX_CONFIG_BYTES)
-        .with_context(|| format!("reading the sandbox's {}", path.display()))?;
+    let id = created.lines().map(str::trim).rfind(|l| !l.is_empty());
+    let read = id
+        .and_then(|id| Container::from_stores(id, stores))
+        .and_then(|(c, path)| storage.read(&path, MAX_CONFIG_BYTES).ok().map(|b| (c, b)));
+    let (container, bytes) = match read {
+        Some(read) => read,
+        None => {
+            let json = podman
+                .run(&args::container_inspect(&spec.name))
+                .context("finding the sandbox container's configuration")?;
+            let inspect = ContainerInspect::parse(&json)?;
+            let container = Container::from_inspect(&inspect)?;
+            let path = inspect.oci_config_path;
+            let bytes = storage
+                .read(&path, MAX_CONFIG_BYTES)
+                .with_context(|| format!("reading the sandbox's {}", path.display()))?;
+            (container, bytes)
+        }
+    };
     let config = OciConfig::parse(&String::from_utf8_lossy(&bytes))?;
     let problems = problems(&args::sandbox_mounts(spec), &container, &config, &storage);
     if !problems.is_empty() {
@@ -792,6 +824,12 @@ mod tests {
         .unwrap();
         let c = Container::from_inspect(&inspect).unwrap();
         assert_eq!(c.stores, container().stores);
+        // The same from `podman info`'s layout and the id `podman create` printed.
+        let (c, config) = Container::from_stores(ID, &container().stores).unwrap();
+        assert_eq!((c.id.as_str(), &c.stores), (ID, &container().stores));
+        assert_eq!(config, inspect.oci_config_path);
+        assert!(Container::from_stores("not-an-id", &container().stores).is_none());
+        assert!(Container::from_stores(ID, &[]).is_none());
         // Paths that are not this container's own say nothing of where its files are.
         let other = ContainerInspect::parse(&format!(
             r#"[{{"Id":"{ID}","OCIConfigPath":"/tmp/config.json","HostnamePath":""}}]"#
