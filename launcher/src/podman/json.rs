@@ -100,10 +100,16 @@ impl Info {
     }
 
     /// podman's storage, runtime and configuration paths as it reports them (graphRoot, runRoot,
-    /// volumePath, the storage configuration file, its API socket), absolute ones only.
+    /// volumePath, the storage configuration file, its API socket, and every path among the storage
+    /// driver's options: additional image stores, whose images sessions run, above all), absolute
+    /// ones only.
     #[must_use]
     pub fn paths(&self) -> Vec<PathBuf> {
         let socket = self.host.remote_socket.as_ref().map(|s| s.path.as_str());
+        let mut options = Vec::new();
+        for value in self.store.graph_options.values() {
+            json_strings(value, &mut options);
+        }
         [
             Some(self.store.graph_root.as_str()),
             Some(self.store.run_root.as_str()),
@@ -113,9 +119,21 @@ impl Info {
         ]
         .into_iter()
         .flatten()
+        .chain(options.iter().flat_map(|o| o.split(',')).map(str::trim))
         .map(|s| PathBuf::from(s.strip_prefix("unix://").unwrap_or(s)))
         .filter(|p| p.is_absolute())
         .collect()
+    }
+}
+
+/// Every string in a JSON value, however deeply nested (a driver option is a string, a list or an
+/// object, by driver and version).
+fn json_strings<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+    match value {
+        serde_json::Value::String(s) => out.push(s),
+        serde_json::Value::Array(items) => items.iter().for_each(|v| json_strings(v, out)),
+        serde_json::Value::Object(map) => map.values().for_each(|v| json_strings(v, out)),
+        _ => {}
     }
 }
 
@@ -145,6 +163,9 @@ pub struct Host {
     /// The OCI runtime (crun, runc).
     #[serde(default, deserialize_with = "null_as_default")]
     pub oci_runtime: OciRuntime,
+    /// podman talks to a service (`--remote`, `CONTAINER_HOST`, podman-remote), not to its own storage.
+    #[serde(default)]
+    pub service_is_remote: bool,
 }
 
 /// `info.host.networkBackendInfo` (podman 5).
@@ -237,6 +258,11 @@ pub struct Store {
     /// The storage driver: `overlay`, or `vfs`, which copies a whole image for every container.
     #[serde(default)]
     pub graph_driver_name: String,
+    /// The driver's options from storage.conf: `overlay.imagestore` names storage.conf's
+    /// `additionalimagestores` (images podman runs, kept outside the graph root), `overlay.mount_program`
+    /// an object with the program's path.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub graph_options: HashMap<String, serde_json::Value>,
 }
 
 /// One network of `podman network inspect` or `podman network ls --format json` (netavark's

@@ -6,6 +6,8 @@ use std::fs;
 use std::io::Write as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
@@ -50,6 +52,12 @@ impl Checked {
                 rootless,
             },
         }
+    }
+
+    /// Waits for `podman info`'s answer while `stop` says nothing ([`HostCheck::wait`]); false when it
+    /// did.
+    pub(super) fn wait_for_host(&mut self, stop: &dyn Fn() -> bool) -> bool {
+        self.host.wait(stop)
     }
 
     /// `podman info`'s checks ([`HostCheck::confirm`]) for the checked project: before the sandbox
@@ -353,10 +361,19 @@ pub(super) struct HostCheck {
     pub(super) rootless: bool,
 }
 
+/// How long `podman info` may take before the start gives up on it: far beyond its usual half
+/// second, for a podman waiting on a lock another command holds.
+const INFO_DEADLINE: Duration = Duration::from_secs(120);
+
 #[derive(Debug)]
 enum HostState {
-    /// `podman info` is under way.
-    Pending(std::thread::JoinHandle<Result<String, PodmanError>>),
+    /// `podman info` is under way: its answer comes on this channel (none if its thread panicked).
+    Pending {
+        answer: mpsc::Receiver<Result<String, PodmanError>>,
+        since: Instant,
+    },
+    /// It answered (or gave up: [`INFO_DEADLINE`]); not checked yet.
+    Answered(Result<String, PodmanError>),
     /// Confirmed, with where podman keeps containers (`Err`: the refusal, kept as text for each
     /// later asking).
     Done(Result<Vec<PathBuf>, String>),
@@ -365,42 +382,94 @@ enum HostState {
 impl HostCheck {
     fn start(podman: &Podman) -> HostCheck {
         let podman = podman.clone();
+        let (tx, answer) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(podman.run(&args::info()));
+        });
         HostCheck {
-            state: HostState::Pending(std::thread::spawn(move || podman.run(&args::info()))),
+            state: HostState::Pending {
+                answer,
+                since: Instant::now(),
+            },
             rootless: podman_rootless(),
         }
     }
 
-    /// Waits for `podman info` (once) and checks what it says against the session and `project`.
+    /// Waits for `podman info` to answer, looking at `stop` twenty times a second: false when `stop`
+    /// said so first (a signal: the start is abandoned), true once there is an answer to check.
+    pub(super) fn wait(&mut self, stop: &dyn Fn() -> bool) -> bool {
+        loop {
+            let HostState::Pending { answer, since } = &self.state else {
+                return true;
+            };
+            let left = INFO_DEADLINE.saturating_sub(since.elapsed());
+            let got = match answer.recv_timeout(left.min(Duration::from_millis(50))) {
+                Ok(info) => Some(info),
+                Err(mpsc::RecvTimeoutError::Disconnected) => Some(Err(PodmanError::Spawn(
+                    std::io::Error::other("the thread asking `podman info` panicked"),
+                ))),
+                Err(mpsc::RecvTimeoutError::Timeout) if left.is_zero() => {
+                    Some(Err(PodmanError::Spawn(std::io::Error::other(format!(
+                        "`podman info` has not answered in {} s (another podman command holding \
+                         its lock?)",
+                        INFO_DEADLINE.as_secs()
+                    )))))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+            };
+            match got {
+                Some(info) => self.state = HostState::Answered(info),
+                None if stop() => return false,
+                None => {}
+            }
+        }
+    }
+
+    /// Waits for `podman info` (once; [`INFO_DEADLINE`] at most) and checks what it says against the
+    /// session and `project`.
     pub(super) fn confirm(&mut self, project: &Path) -> anyhow::Result<Vec<PathBuf>> {
-        if let HostState::Pending(_) = self.state {
-            let HostState::Pending(thread) =
+        self.wait(&|| false);
+        if let HostState::Answered(_) = self.state {
+            let HostState::Answered(info) =
                 std::mem::replace(&mut self.state, HostState::Done(Ok(Vec::new())))
             else {
                 unreachable!("matched just above")
             };
-            let info = thread.join().unwrap_or_else(|_| {
-                Err(PodmanError::Spawn(std::io::Error::other(
-                    "the thread asking `podman info` panicked",
-                )))
-            });
             let verdict = check_host(info, self.rootless, project).map_err(|e| format!("{e:#}"));
             self.state = HostState::Done(verdict);
         }
         match &self.state {
             HostState::Done(Ok(stores)) => Ok(stores.clone()),
             HostState::Done(Err(e)) => Err(anyhow::anyhow!("{e}")),
-            HostState::Pending(_) => unreachable!("confirmed above"),
+            HostState::Pending { .. } | HostState::Answered(_) => {
+                unreachable!("waited for and checked above")
+            }
         }
     }
 }
 
-/// podman's own rule for its mode: rootless unless the effective uid is 0, and always inside `podman
-/// unshare` (which sets `_CONTAINERS_USERNS_CONFIGURED`).
+/// podman's own rule for its mode: rootless unless the effective uid is 0 with CAP_SYS_ADMIN, and
+/// always inside `podman unshare` (which sets `_CONTAINERS_USERNS_CONFIGURED`).
 fn podman_rootless() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
     let euid = unsafe { libc::geteuid() };
-    euid != 0 || std::env::var_os("_CONTAINERS_USERNS_CONFIGURED").is_some_and(|v| !v.is_empty())
+    euid != 0
+        || std::env::var_os("_CONTAINERS_USERNS_CONFIGURED").is_some_and(|v| !v.is_empty())
+        || !has_cap_sys_admin()
+}
+
+/// Whether this process's effective capabilities hold CAP_SYS_ADMIN (`/proc/self/status` CapEff).
+fn has_cap_sys_admin() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 /// [`preflight`], then the mode against the one the session was set up in, then the project against
@@ -412,11 +481,18 @@ fn check_host(
     project: &Path,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let host = preflight(info)?;
+    if host.remote {
+        bail!(
+            "podman talks to a remote service (podman --remote, CONTAINER_HOST, podman-remote): the \
+             sandbox must be made by this machine's own podman, which mounts this directory. Unset \
+             CONTAINER_HOST (or use the local podman) and run agent-sandbox again"
+        );
+    }
     if host.rootless != assumed_rootless {
         bail!(
             "podman says it runs {} but this launcher, with effective uid {}, set the session up for \
-             {} podman (a remote podman, CONTAINER_HOST or a podman-remote, is not supported): run \
-             agent-sandbox with the local podman of the user it runs as",
+             {} podman by podman's own rule (rootless unless uid 0 with CAP_SYS_ADMIN, outside \
+             `podman unshare`): run agent-sandbox with the local podman of the user it runs as",
             if host.rootless { "rootless" } else { "rootful" },
             // SAFETY: geteuid cannot fail and touches no memory.
             unsafe { libc::geteuid() },
@@ -447,6 +523,8 @@ pub(super) struct HostInfo {
     /// graph root (their `config.json`) and the run root (what podman writes for them); empty when
     /// `podman info` does not name both.
     pub(super) container_stores: Vec<PathBuf>,
+    /// podman talks to a remote service.
+    pub(super) remote: bool,
 }
 
 /// Checks that podman runs and, when rootless, has subordinate ids (keep-id needs them).
@@ -481,6 +559,7 @@ fn parse_host_info(json: &str) -> anyhow::Result<HostInfo> {
         subordinate_ids: info.subordinate_ids(),
         paths: info.paths(),
         container_stores: info.container_stores(),
+        remote: info.host.service_is_remote,
     })
 }
 
@@ -545,7 +624,7 @@ mod tests {
 
         let mut host = HostCheck::start(&answer);
         assert_eq!(host.rootless, ours);
-        assert!(matches!(host.state, HostState::Pending(_)));
+        assert!(matches!(host.state, HostState::Pending { .. }));
         host.confirm(Path::new("/nonexistent-as/project")).unwrap();
         assert!(matches!(host.state, HostState::Done(Ok(_))));
 
@@ -564,6 +643,21 @@ mod tests {
             host.confirm(Path::new("/nonexistent-as/p")).unwrap_err()
         );
         assert!(refused.contains("set the session up for"), "{refused}");
+
+        // A signal while podman is slow to answer stops the wait at once (reviewer Z: Ctrl-C did
+        // nothing while `podman info` hung); the answer can still be waited for afterwards.
+        let slow = dir.join("podman-slow");
+        fs::write(&slow, "#!/bin/sh\nsleep 5\n").unwrap();
+        fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let mut host = HostCheck::start(&Podman::stand_in(&slow));
+        let asked = Instant::now();
+        assert!(!host.wait(&|| true));
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert!(matches!(host.state, HostState::Pending { .. }));
 
         let mut host = HostCheck::start(&Podman::stand_in("/nonexistent-as/podman"));
         let refused = format!(
@@ -608,6 +702,23 @@ mod tests {
         assert!(workdir::check_podman_paths(Path::new("/srv"), &h.paths).is_err());
         assert!(workdir::check_podman_paths(Path::new("/srv/storage/x"), &h.paths).is_err());
         assert!(workdir::check_podman_paths(Path::new("/srv/project"), &h.paths).is_ok());
+        // storage.conf's additional image stores (reviewer Z: a project holding one could change the
+        // images later sessions run) and any other path among the driver's options.
+        let stores = rootful.replace(
+            r#""store":{"#,
+            r#""store":{"graphOptions":{"overlay.imagestore":"/srv/images,/srv/more",
+                "overlay.mount_program":{"Executable":"/usr/bin/fuse-overlayfs","Package":"x"}},"#,
+        );
+        let h = parse_host_info(&stores).unwrap();
+        for p in ["/srv/images", "/srv/more", "/usr/bin/fuse-overlayfs"] {
+            assert!(h.paths.contains(&PathBuf::from(p)), "{p}: {:?}", h.paths);
+        }
+        assert!(workdir::check_podman_paths(Path::new("/srv/images/p"), &h.paths).is_err());
+        // A remote podman is refused, whatever it says of its mode.
+        let remote = rootful.replace(r#""host":{"#, r#""host":{"serviceIsRemote":true,"#);
+        assert!(parse_host_info(&remote).unwrap().remote);
+        let err = check_host(Ok(remote), false, Path::new("/srv/project")).unwrap_err();
+        assert!(format!("{err:#}").contains("remote service"), "{err:#}");
         let err = parse_host_info("not json").unwrap_err();
         assert!(
             format!("{err:#}").starts_with("cannot parse `podman info --format json`: "),

@@ -54,13 +54,29 @@ pub(super) fn run_command(
         }
     };
     signals.set_forward(forward);
-    super::mounts::create_checked(podman, &spec, &stores)?;
+    create_sandbox(podman, shared, &spec, &stores)?;
     let mut child = podman.spawn_foreground(&args::sandbox_start(&spec))?;
     signals.set_child(Some(child.id()));
     signals.forward_pending();
     let status = child.wait();
     signals.set_child(None);
     status.context("waiting for the sandbox's podman run")
+}
+
+/// The sandbox container created, initialised and checked (`mounts.rs`), with the home volume locked
+/// meanwhile (rootful: `shared::lock_home`) until podman has re-owned it to the sandbox's user.
+fn create_sandbox(
+    podman: &Podman,
+    shared: &Shared,
+    spec: &SandboxSpec,
+    stores: &[PathBuf],
+) -> anyhow::Result<()> {
+    let _home = super::shared::lock_home(
+        shared.home_mountpoint.as_deref(),
+        &spec.home_volume,
+        &spec.user,
+    )?;
+    super::mounts::create_checked(podman, spec, stores)
 }
 
 /// The sandbox container of a session, right before it runs: `podman info`'s checks confirmed
@@ -208,7 +224,7 @@ pub(super) fn run_captured(
 ) -> anyhow::Result<Output> {
     let podman = &podman.with_hooks_dir(&session.no_hooks);
     let (spec, stores) = checked_spec(podman, settings, checked, shared, session, command, false)?;
-    super::mounts::create_checked(podman, &spec, &stores)?;
+    create_sandbox(podman, shared, &spec, &stores)?;
     podman
         .output(&args::sandbox_start(&spec))
         .context("running the probe in the sandbox")

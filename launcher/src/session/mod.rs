@@ -112,6 +112,7 @@ pub fn run(
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)
         .map_err(|e| host_first(&mut checked, e))?;
     drop(lock);
+    wait_for_host(&mut checked, signals)?;
     let status = command::run_command(
         podman, settings, checked, &shared, &session, command, signals,
     )
@@ -182,11 +183,19 @@ pub fn run_probe(
         home: checked.user.home.clone(),
     };
     let command = probe(&target).map_err(SessionError::Command)?;
+    wait_for_host(&mut checked, signals)?;
     let out = command::run_captured(podman, settings, checked, &shared, &session, command)
         .map_err(SessionError::Command)?;
     progress("probe finished; removing the session");
     cleanup.run();
     Ok(out)
+}
+
+/// Waits for `podman info` (`checks::HostCheck`) before the sandbox container is made, giving up at a
+/// signal: a slow or stuck podman must not keep a Ctrl-C from stopping the start.
+fn wait_for_host(checked: &mut checks::Checked, signals: &SignalWatch) -> Result<(), SessionError> {
+    checked.wait_for_host(&|| signals.received().is_some());
+    interrupted(signals)
 }
 
 /// A step before the sandbox's that failed: what `podman info` refuses, when it refuses something, comes

@@ -120,7 +120,8 @@ fn ensure_home_volume(
     Ok(match fs::metadata(&dir) {
         Ok(meta) if meta.is_dir() => {
             let rootful = matches!(user.mapping, UserMapping::Host { .. });
-            if let Some(why) = foreign_home(rootful, meta.uid(), uid) {
+            let empty = fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
+            if let Some(why) = foreign_home(rootful, meta.uid(), uid, empty) {
                 bail!("the home volume {name} {why}");
             }
             (meta.uid() != uid, Some(dir))
@@ -161,8 +162,10 @@ pub(crate) fn home_volume_refusal(volume: &VolumeInspect) -> Option<String> {
         ));
     }
     // Its `NAME/_data` (podman's storage above it may be a link) must be a real directory there, not
-    // reached through a link at `NAME`, and nothing may be mounted on it or below it (the runtime
-    // binds it with what is mounted below).
+    // reached through a link at `NAME`, and nothing may be mounted on `NAME`, on `_data` or below
+    // (the runtime binds `_data` with what is mounted below it; a mount on `NAME` replaces `_data`).
+    // A mount on the volumes directory itself is not refused: podman's storage may have a file
+    // system of its own there.
     let dir = &volume.mountpoint;
     let (Ok(real), Some(Ok(volumes))) = (
         fs::canonicalize(dir),
@@ -180,11 +183,11 @@ pub(crate) fn home_volume_refusal(volume: &VolumeInspect) -> Option<String> {
             real.display()
         ));
     }
-    match crate::workdir::mounts_at_or_below(&real) {
+    match crate::workdir::mounts_at_or_below(real.parent().unwrap_or(&real)) {
         Ok(mounts) if mounts.is_empty() => None,
         Ok(mounts) => Some(format!(
-            "has a file system mounted on its directory or below it ({}), which the sandbox would \
-             see",
+            "has a file system mounted on its directory, below it or on the volume's own directory \
+             ({}), which the sandbox would see",
             mounts
                 .iter()
                 .map(|m| m.display().to_string())
@@ -200,10 +203,12 @@ pub(crate) fn home_volume_refusal(volume: &VolumeInspect) -> Option<String> {
 /// Rootful, every user's sessions share podman's one set of volumes (root's): under sudo, users A and
 /// B both get the home volume of the same name, and re-owning it to B (`:U`, recursive) would hand B's
 /// sandbox A's home (shell history, Claude's sessions and notes). So a volume whose top directory
-/// belongs to another user than the sandbox's, and not to root (a new volume, or one only a root
-/// sandbox used), is refused. Rootless, each user has their own volumes.
-fn foreign_home(rootful: bool, owner: u32, sandbox_uid: u32) -> Option<String> {
-    (rootful && owner != 0 && owner != sandbox_uid).then(|| {
+/// belongs to another user than the sandbox's is refused, unless it is a new one: root's and empty.
+/// A root sandbox's home (root's, not empty) is not handed to a user either. Rootless, each user has
+/// their own volumes.
+fn foreign_home(rootful: bool, owner: u32, sandbox_uid: u32, empty: bool) -> Option<String> {
+    let taken = owner != 0 || !empty;
+    (rootful && owner != sandbox_uid && taken).then(|| {
         format!(
             "belongs to uid {owner}, another user than the sandbox's (uid {sandbox_uid}): rootful \
              podman's volumes are shared by every user, and re-owning it would show uid {owner}'s \
@@ -212,6 +217,51 @@ fn foreign_home(rootful: bool, owner: u32, sandbox_uid: u32) -> Option<String> {
              run agent-sandbox as your own user with rootless podman (the supported mode)"
         )
     })
+}
+
+/// Rootful: the home volume's directory locked (`flock`) from a last look at its owner until the lock
+/// is dropped, which the caller does once the sandbox container is initialised (podman re-owns the
+/// volume there, `:U`). Without it two users starting at once on a new volume both found it new, and
+/// the second was handed the first's home (reviewer Z). None rootless (each user's own storage) or
+/// when the directory is not visible from here. Another launcher holds the lock for a few tenths of a
+/// second; one that holds it for a minute is an error.
+pub(super) fn lock_home(
+    dir: Option<&Path>,
+    name: &str,
+    mapping: &UserMapping,
+) -> anyhow::Result<Option<fs::File>> {
+    let (Some(dir), UserMapping::Host { uid, .. }) = (dir, mapping) else {
+        return Ok(None);
+    };
+    let Ok(file) = fs::File::open(dir) else {
+        return Ok(None);
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        let locked = unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        } == 0;
+        if locked {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "the home volume {name} has been locked by another agent-sandbox start for a minute: \
+                 try again, or look for a stuck `podman init`"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let meta = fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let empty = fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+    if let Some(why) = foreign_home(true, meta.uid(), *uid, empty) {
+        bail!("the home volume {name} {why}");
+    }
+    Ok(Some(file))
 }
 
 /// What to do about a refused home volume.
@@ -275,18 +325,22 @@ mod tests {
 
     #[test]
     fn rootful_another_users_home_is_refused() {
-        // Rootful: a new volume (root's) or one a root sandbox used is taken over; the user's own kept.
-        assert_eq!(foreign_home(true, 0, 1000), None);
-        assert_eq!(foreign_home(true, 1000, 1000), None);
-        let why = foreign_home(true, 1001, 1000).unwrap();
+        // Rootful: a new volume (root's, empty) is taken over; the user's own kept.
+        assert_eq!(foreign_home(true, 0, 1000, true), None);
+        assert_eq!(foreign_home(true, 1000, 1000, false), None);
+        let why = foreign_home(true, 1001, 1000, false).unwrap();
         assert!(
             why.contains("uid 1001") && why.contains("agent-sandbox-home-1000"),
             "{why}"
         );
-        // A root sandbox does not take over a user's home either.
-        assert!(foreign_home(true, 1001, 0).is_some());
+        assert!(foreign_home(true, 1001, 1000, true).is_some());
+        // A root sandbox's home (reviewer Z: its shell history reached the next user's sandbox) is
+        // not handed to a user, nor a user's to a root sandbox.
+        assert!(foreign_home(true, 0, 1000, false).is_some());
+        assert!(foreign_home(true, 1001, 0, false).is_some());
+        assert_eq!(foreign_home(true, 0, 0, false), None);
         // Rootless: the user's own storage.
-        assert_eq!(foreign_home(false, 1001, 1000), None);
+        assert_eq!(foreign_home(false, 1001, 1000, false), None);
     }
 
     /// A volume's directory reached through a link at `NAME`, or with a file system mounted on it
@@ -336,6 +390,21 @@ mod tests {
         undo.1 = Some(data.clone());
         let why = home_volume_refusal(&volume(&data)).unwrap();
         assert!(why.contains("mounted on its directory"), "{why}");
+        // On the volume's own directory, which puts another `_data` in its place (reviewer Z).
+        let umount = |m: &Path| std::process::Command::new("umount").arg(m).status();
+        assert!(umount(&data).unwrap().success());
+        let named = volumes.join("home");
+        undo.1 = None;
+        assert!(std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&elsewhere)
+            .arg(&named)
+            .status()
+            .unwrap()
+            .success());
+        undo.1 = Some(named);
+        let why = home_volume_refusal(&volume(&data)).unwrap();
+        assert!(why.contains("mounted on"), "{why}");
     }
 
     #[test]
