@@ -350,8 +350,7 @@ pub(crate) fn ensure_allowlist(path: &Path) -> anyhow::Result<()> {
 /// others, most of it podman asking the package manager for the versions of conmon, runc and
 /// slirp4netns), and nothing needs it before the sandbox container, the only one that mounts the
 /// project, is created. So it is asked in a thread of its own when the checks begin, and the session
-/// is set up meanwhile in the mode podman's own rule gives (rootless unless the effective uid is 0,
-/// or inside `podman unshare`). [`HostCheck::confirm`] waits for it before the sandbox container is
+/// is set up meanwhile in the mode podman's own rule gives ([`podman_rootless`]). [`HostCheck::confirm`] waits for it before the sandbox container is
 /// created, refuses a podman in the other mode, and runs the checks; a start that fails before then
 /// is reported with `podman info`'s explanation when it has one.
 #[derive(Debug)]

@@ -19,7 +19,6 @@ use crate::signals::SignalWatch;
 
 /// Step 4: the command, in the pod, with the launcher's terminal or pipes; signals are passed on to it.
 pub(super) fn run_command(
-    podman: &Podman,
     settings: &Settings,
     checked: Checked,
     shared: &Shared,
@@ -27,8 +26,8 @@ pub(super) fn run_command(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> anyhow::Result<ExitStatus> {
-    // No OCI hook of podman's configuration runs for the sandbox (see `Podman::with_hooks_dir`).
-    let podman = &podman.with_hooks_dir(&session.no_hooks);
+    // No OCI hook of podman's configuration runs for the sandbox (see `Session::podman`).
+    let podman = &session.podman;
     let (spec, stores) = checked_spec(
         podman,
         settings,
@@ -215,14 +214,13 @@ fn pass_env(inject: bool) -> Vec<String> {
 /// Step 4 for `agent-sandbox doctor`: the probe in the sandbox container, exactly as a command would
 /// run but with no terminal and its output captured.
 pub(super) fn run_captured(
-    podman: &Podman,
     settings: &Settings,
     checked: Checked,
     shared: &Shared,
     session: &Session,
     command: Vec<OsString>,
 ) -> anyhow::Result<Output> {
-    let podman = &podman.with_hooks_dir(&session.no_hooks);
+    let podman = &session.podman;
     let (spec, stores) = checked_spec(podman, settings, checked, shared, session, command, false)?;
     create_sandbox(podman, shared, &spec, &stores)?;
     podman
@@ -338,7 +336,7 @@ mod tests {
             router_log: None,
             hosts: "/s/hosts".into(),
             resolv: "/s/resolv.conf".into(),
-            no_hooks: "/s/no-hooks".into(),
+            podman: Podman::default().with_hooks_dir(Path::new("/s/no-hooks")),
             router_ip: std::net::Ipv4Addr::new(10, 89, 3, 2),
             loopbacks: Vec::new(),
             inject: Some(inject),

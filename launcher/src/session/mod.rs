@@ -113,10 +113,8 @@ pub fn run(
         .map_err(|e| host_first(&mut checked, e))?;
     drop(lock);
     wait_for_host(&mut checked, signals)?;
-    let status = command::run_command(
-        podman, settings, checked, &shared, &session, command, signals,
-    )
-    .map_err(SessionError::Command)?;
+    let status = command::run_command(settings, checked, &shared, &session, command, signals)
+        .map_err(SessionError::Command)?;
     command::report_refusals(podman, &session, &settings.allowlist);
     cleanup.run();
     Ok(command::exit_code(status))
@@ -184,7 +182,7 @@ pub fn run_probe(
     };
     let command = probe(&target).map_err(SessionError::Command)?;
     wait_for_host(&mut checked, signals)?;
-    let out = command::run_captured(podman, settings, checked, &shared, &session, command)
+    let out = command::run_captured(settings, checked, &shared, &session, command)
         .map_err(SessionError::Command)?;
     progress("probe finished; removing the session");
     cleanup.run();

@@ -119,10 +119,8 @@ fn ensure_home_volume(
     let dir = volume.mountpoint;
     Ok(match fs::metadata(&dir) {
         Ok(meta) if meta.is_dir() => {
-            let rootful = matches!(user.mapping, UserMapping::Host { .. });
-            let empty = fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
-            if let Some(why) = foreign_home(rootful, meta.uid(), uid, empty) {
-                bail!("the home volume {name} {why}");
+            if matches!(user.mapping, UserMapping::Host { .. }) {
+                refuse_foreign_home(&dir, meta.uid(), name, uid)?;
             }
             (meta.uid() != uid, Some(dir))
         }
@@ -257,11 +255,17 @@ pub(super) fn lock_home(
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
     let meta = fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    let empty = fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
-    if let Some(why) = foreign_home(true, meta.uid(), *uid, empty) {
-        bail!("the home volume {name} {why}");
-    }
+    refuse_foreign_home(dir, meta.uid(), name, *uid)?;
     Ok(Some(file))
+}
+
+/// Rootful: [`foreign_home`] for the volume directory `dir`, owned by `owner`, as an error.
+fn refuse_foreign_home(dir: &Path, owner: u32, name: &str, sandbox_uid: u32) -> anyhow::Result<()> {
+    let empty = fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+    match foreign_home(true, owner, sandbox_uid, empty) {
+        Some(why) => bail!("the home volume {name} {why}"),
+        None => Ok(()),
+    }
 }
 
 /// What to do about a refused home volume.

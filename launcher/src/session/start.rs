@@ -45,8 +45,9 @@ pub(super) struct Session {
     pub(super) hosts: PathBuf,
     /// The session's /etc/resolv.conf.
     pub(super) resolv: PathBuf,
-    /// An empty directory of the session's, podman's only OCI hooks directory for the sandbox.
-    pub(super) no_hooks: PathBuf,
+    /// podman for the session's containers: with an empty directory of the session's as its only OCI
+    /// hooks directory (`Podman::with_hooks_dir`), so no hook of podman's configuration runs for any.
+    pub(super) podman: Podman,
     /// The router's address on the session network.
     pub(super) router_ip: Ipv4Addr,
     /// Which names resolve to which loopback address in the sandbox.
@@ -68,10 +69,8 @@ pub(super) fn start(
 ) -> Result<Session, SessionError> {
     let planned = plan(podman, settings, checked, shared, cleanup).map_err(SessionError::Start)?;
     interrupted(signals)?;
-    // Every container of the session starts with no OCI hook of podman's configuration.
-    let hookless = podman.with_hooks_dir(&planned.no_hooks);
-    let names =
-        launch(&hookless, settings, checked, &planned, cleanup).map_err(SessionError::Start)?;
+    let names = launch(&planned.podman, settings, checked, &planned, cleanup)
+        .map_err(SessionError::Start)?;
     interrupted(signals)?;
     wait_ready(podman, &planned, &names, signals)?;
     interrupted(signals)?;
@@ -83,7 +82,7 @@ pub(super) fn start(
         router_log: planned.router_log,
         hosts: planned.hosts,
         resolv: planned.resolv,
-        no_hooks: planned.no_hooks,
+        podman: planned.podman,
         router_ip: planned.router_ip,
         loopbacks: planned.plan.loopbacks,
         inject: planned.inject,
@@ -114,8 +113,8 @@ struct Planned {
     hosts: PathBuf,
     /// The session's /etc/resolv.conf.
     resolv: PathBuf,
-    /// An empty directory (see [`Session::no_hooks`]).
-    no_hooks: PathBuf,
+    /// podman for the session's containers (see [`Session::podman`]).
+    podman: Podman,
     /// The session CA, the secret files and the sandbox's side of them (None: nothing terminated).
     inject: Option<SessionInject>,
 }
@@ -160,6 +159,7 @@ fn plan(
     // them (the mount check refuses any that would still come to the sandbox).
     let no_hooks = dir.join("no-hooks");
     fs::create_dir(&no_hooks).with_context(|| format!("cannot create {}", no_hooks.display()))?;
+    let podman = &podman.with_hooks_dir(&no_hooks);
     cleanup.log_dir = Some(logs.clone());
     // Without a log directory of its own (a state directory that cannot be written, or one that
     // fails its ownership checks), the session still starts: podman keeps the logs where it keeps
@@ -184,14 +184,7 @@ fn plan(
     }
     plan.router.allowlist = Some(settings.allowlist.display().to_string());
     // The session CA's bundle starts from the sandbox image's, read in a container of its own.
-    let inject = session_inject(
-        &podman.with_hooks_dir(&no_hooks),
-        settings,
-        checked,
-        shared,
-        &dir,
-        &session,
-    )?;
+    let inject = session_inject(podman, settings, checked, shared, &dir, &session)?;
     plan.router.inject = inject.as_ref().map(|i| i.config.clone());
 
     // The policy files (router configuration, relays, addresses handed out) and who the session is:
@@ -245,7 +238,7 @@ fn plan(
         forwarder_log,
         hosts,
         resolv,
-        no_hooks,
+        podman: podman.clone(),
         inject,
     })
 }
