@@ -167,3 +167,89 @@ fn the_sweep_takes_only_a_session_id_from_a_label() {
     assert_ne!(out.status.code(), Some(0));
     assert!(victim.join("keep").exists(), "{calls}");
 }
+
+/// A podman that never answers (stuck on a lock another podman process holds) does not hang the start:
+/// Ctrl-C stops it within the launcher's grace, the stuck command's process is stopped too, and nothing
+/// was created.
+#[test]
+fn ctrl_c_stops_a_start_whose_podman_hangs() {
+    let s = Scratch::new("hang", "storage", &serde_json::json!([]));
+    let hung = s.root.join("hung");
+    let podman = PODMAN.replace(
+        "\"network ls\") cat \"$dir/networks.json\" ;;",
+        "\"network ls\") echo $$ > \"$dir/hung.tmp\"; mv \"$dir/hung.tmp\" \"$dir/hung\"; exec sleep 600 ;;",
+    );
+    assert_ne!(podman, PODMAN);
+    fs::write(s.root.join("bin/podman"), podman).unwrap();
+    let mut launcher = Command::new(LAUNCHER)
+        .args(["--exec", "true"])
+        .current_dir(s.root.join("outer"))
+        .env_clear()
+        .env("HOME", s.root.join("home"))
+        .env("XDG_RUNTIME_DIR", s.root.join("run"))
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", s.root.join("bin").display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let stuck: i32 = loop {
+        if let Some(pid) = fs::read_to_string(&hung)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "the launcher never asked `network ls`: {}",
+            s.calls()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pid = i32::try_from(launcher.id()).unwrap();
+    // SAFETY: kill(2) on the launcher this test started, which has not been waited for.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    let told = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            break status;
+        }
+        if told.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = launcher.kill();
+            // SAFETY: kill(2) on the stand-in this test made; no memory effects.
+            unsafe {
+                libc::kill(stuck, libc::SIGKILL);
+            }
+            panic!("the launcher did not stop within 20 s of Ctrl-C");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let took = told.elapsed();
+    let out = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stuck_left = Path::new(&format!("/proc/{stuck}/stat")).exists()
+        && !fs::read_to_string(format!("/proc/{stuck}/stat"))
+            .unwrap_or_default()
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z');
+    if stuck_left {
+        // SAFETY: as above.
+        unsafe {
+            libc::kill(stuck, libc::SIGKILL);
+        }
+    }
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted by signal 2"), "{stderr}");
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    assert!(!stuck_left, "the stuck podman ({stuck}) was left running");
+    assert!(created_nothing(&s.calls()), "{}", s.calls());
+}

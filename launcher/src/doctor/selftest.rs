@@ -354,7 +354,7 @@ fn run_inner(
         project.0.clone(),
         signals,
         |t| {
-            progress("session up; probing from inside the sandbox");
+            progress("router and pod up; aiming the probe");
             // Read only now: the session's checks create the allowlist from the default when it is missing.
             // A file that no longer loads (edited while the doctor runs) is not an empty allowlist: the
             // session's router has the one it started with, so the checks that need a name fail.

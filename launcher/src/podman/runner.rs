@@ -1,10 +1,32 @@
 //! Runs podman: the argument vectors from `args.rs` go in, stdout or a [`PodmanError`] that shows the
 //! command and podman's own message comes out.
+//!
+//! A podman command the launcher waits for never blocks it for ever: podman waits without a limit for
+//! a lock that another podman command holds (a stuck `podman` process, a hung storage), so each
+//! captured command has a [`DEADLINE`], and a podman that is [`Podman::interruptible`] also gives up
+//! [`INTERRUPT_GRACE`] after the launcher is told to stop. A command that is given up is stopped with
+//! its process group (SIGTERM, then SIGKILL) and reported with what to look at.
 
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// How long a podman command whose answer the launcher waits for may run: far beyond the few tenths of
+/// a second such commands take (a session's slowest, `podman info`, about half a second), for a podman
+/// that waits on a lock another podman command holds. Image builds and pulls, which show their
+/// progress, and the sandbox's own command have none.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
+
+/// How long a command of an [`interruptible`](Podman::interruptible) podman may go on once the launcher
+/// is told to stop: time to finish a step that is only slow, not enough to make Ctrl-C look ignored.
+pub(crate) const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+
+/// How long a stopped podman has between SIGTERM and SIGKILL, and then to be gone.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// A podman invocation failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +46,25 @@ pub enum PodmanError {
         status: ExitStatus,
         /// What podman said.
         stderr: String,
+    },
+    /// podman did not finish within its deadline and was stopped.
+    #[error(
+        "`{command}` did not finish in {} s and was stopped: another podman command may hold podman's \
+         lock (`ps -ef | grep podman` shows what runs)",
+        .after.as_secs()
+    )]
+    TimedOut {
+        /// The command line.
+        command: String,
+        /// The deadline it had.
+        after: Duration,
+    },
+    /// The launcher was told to stop while podman ran, and podman did not finish within
+    /// [`INTERRUPT_GRACE`]: it was stopped.
+    #[error("`{command}` was stopped: the launcher was interrupted")]
+    Interrupted {
+        /// The command line.
+        command: String,
     },
 }
 
@@ -52,6 +93,25 @@ pub struct Podman {
     program: OsString,
     /// Global options given before every command's own ([`Podman::with_hooks_dir`]).
     globals: Vec<OsString>,
+    /// How long a captured command may run ([`DEADLINE`]).
+    deadline: Duration,
+    /// When this says stop, a captured command gets [`Interrupt::grace`] more, then is stopped.
+    interrupt: Option<Interrupt>,
+}
+
+/// What makes an [`interruptible`](Podman::interruptible) podman give up a command.
+#[derive(Clone)]
+struct Interrupt {
+    stop: Arc<dyn Fn() -> bool + Send + Sync>,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for Interrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interrupt")
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Podman {
@@ -59,8 +119,19 @@ impl Default for Podman {
         Podman {
             program: "podman".into(),
             globals: Vec::new(),
+            deadline: DEADLINE,
+            interrupt: None,
         }
     }
+}
+
+/// How a captured command ended.
+enum Ended {
+    Exited(ExitStatus),
+    /// Given up at its deadline.
+    TimedOut,
+    /// Given up after a stop.
+    Interrupted,
 }
 
 impl Podman {
@@ -69,7 +140,48 @@ impl Podman {
     pub(crate) fn stand_in(program: impl Into<OsString>) -> Podman {
         Podman {
             program: program.into(),
-            globals: Vec::new(),
+            ..Podman::default()
+        }
+    }
+
+    /// This podman with another deadline for captured commands (tests).
+    #[cfg(test)]
+    pub(crate) fn with_deadline(&self, deadline: Duration) -> Podman {
+        Podman {
+            deadline,
+            ..self.clone()
+        }
+    }
+
+    /// This podman, giving up a captured command [`INTERRUPT_GRACE`] after `stop` first says so: for the
+    /// steps of a start that a signal abandons (the caller's cleanup removes what exists), never for a
+    /// cleanup.
+    #[must_use]
+    pub fn interruptible(&self, stop: impl Fn() -> bool + Send + Sync + 'static) -> Podman {
+        self.interruptible_within(stop, INTERRUPT_GRACE)
+    }
+
+    fn interruptible_within(
+        &self,
+        stop: impl Fn() -> bool + Send + Sync + 'static,
+        grace: Duration,
+    ) -> Podman {
+        Podman {
+            interrupt: Some(Interrupt {
+                stop: Arc::new(stop),
+                grace,
+            }),
+            ..self.clone()
+        }
+    }
+
+    /// This podman without [`Podman::interruptible`]'s stop: what removes a session's objects, and what
+    /// runs while the sandboxed command does (a signal then is meant for the command).
+    #[must_use]
+    pub fn uninterruptible(&self) -> Podman {
+        Podman {
+            interrupt: None,
+            ..self.clone()
         }
     }
 
@@ -81,8 +193,8 @@ impl Podman {
     #[must_use]
     pub fn with_hooks_dir(&self, dir: &std::path::Path) -> Podman {
         Podman {
-            program: self.program.clone(),
             globals: vec!["--hooks-dir".into(), dir.into()],
+            ..self.clone()
         }
     }
 
@@ -112,21 +224,117 @@ impl Podman {
 
     /// Runs a helper command to completion with output captured, in its own process group so that a
     /// Ctrl-C meant for the launcher does not kill a half-done setup or cleanup step (the launcher
-    /// finishes the step, then cleans up).
+    /// finishes the step, then cleans up). Gives up at the [`DEADLINE`], or after a stop when
+    /// [`interruptible`](Podman::interruptible).
     pub fn output(&self, args: &[OsString]) -> Result<Output, PodmanError> {
-        self.command(args)
-            .stdin(Stdio::null())
-            .process_group(0)
-            .output()
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::NotFound {
-                    PodmanError::NotInstalled
-                } else {
-                    PodmanError::Spawn(e)
-                }
-            })
+        self.output_within(args, Some(self.deadline))
     }
 
+    /// [`Podman::output`] without the deadline: for a command that runs as long as what it runs does
+    /// (the doctor's probe in its sandbox, which bounds itself).
+    pub fn output_unbounded(&self, args: &[OsString]) -> Result<Output, PodmanError> {
+        self.output_within(args, None)
+    }
+
+    fn output_within(
+        &self,
+        args: &[OsString],
+        deadline: Option<Duration>,
+    ) -> Result<Output, PodmanError> {
+        let started = Instant::now();
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(spawn_error)?;
+        let stdout = collect(child.stdout.take());
+        let stderr = collect(child.stderr.take());
+        let gave_up = |ended: Ended| match ended {
+            Ended::Interrupted => PodmanError::Interrupted {
+                command: self.display(args),
+            },
+            _ => PodmanError::TimedOut {
+                command: self.display(args),
+                after: deadline.unwrap_or_default(),
+            },
+        };
+        let status = match self.wait(&mut child, started, deadline) {
+            Ok(Ended::Exited(status)) => status,
+            Ok(ended) => {
+                stop_group(&mut child);
+                return Err(gave_up(ended));
+            }
+            Err(e) => {
+                stop_group(&mut child);
+                return Err(PodmanError::Spawn(e));
+            }
+        };
+        // Whatever podman left holding its pipes (it should be nothing) gets what is left of the
+        // deadline, and a second at least, to let go of them.
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_sub(started.elapsed())
+                .max(Duration::from_secs(1))
+        });
+        let until = Instant::now().checked_add(left);
+        let take = |rx: mpsc::Receiver<Vec<u8>>| {
+            let wait = until.map_or(Duration::MAX, |u| {
+                u.saturating_duration_since(Instant::now())
+            });
+            rx.recv_timeout(wait).ok()
+        };
+        match (take(stdout), take(stderr)) {
+            (Some(stdout), Some(stderr)) => Ok(Output {
+                status,
+                stdout,
+                stderr,
+            }),
+            _ => Err(gave_up(Ended::TimedOut)),
+        }
+    }
+
+    /// Waits for `child` to end, at most until `deadline` after `started` and, when interruptible,
+    /// until [`Interrupt::grace`] after the stop. Without pidfds (Linux before 5.3) it waits without
+    /// either, as `std` does.
+    fn wait(
+        &self,
+        child: &mut Child,
+        started: Instant,
+        deadline: Option<Duration>,
+    ) -> io::Result<Ended> {
+        let Some(pidfd) = pidfd_open(child.id()) else {
+            return child.wait().map(Ended::Exited);
+        };
+        let mut stopped: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let mut wait = deadline.map_or(Duration::MAX, |d| d.saturating_sub(now - started));
+            if wait.is_zero() {
+                return Ok(Ended::TimedOut);
+            }
+            if let Some(interrupt) = &self.interrupt {
+                if stopped.is_none() && (interrupt.stop)() {
+                    stopped = Some(now);
+                }
+                match stopped {
+                    Some(at) => {
+                        let left = interrupt.grace.saturating_sub(now - at);
+                        if left.is_zero() {
+                            return Ok(Ended::Interrupted);
+                        }
+                        wait = wait.min(left);
+                    }
+                    // Look at the stop ten times a second.
+                    None => wait = wait.min(Duration::from_millis(100)),
+                }
+            }
+            if exited_within(&pidfd, wait)? {
+                return child.wait().map(Ended::Exited);
+            }
+        }
+    }
     /// Runs a helper command; non-zero exit is an error. Returns stdout.
     pub fn run(&self, args: &[OsString]) -> Result<String, PodmanError> {
         let out = self.output(args)?;
@@ -158,10 +366,7 @@ impl Podman {
     /// Runs a command with the launcher's own stdin, stdout and stderr (image builds and pulls show
     /// their progress; non-zero exit is an error).
     pub fn run_visible(&self, args: &[OsString]) -> Result<(), PodmanError> {
-        let status = self.command(args).status().map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => PodmanError::NotInstalled,
-            _ => PodmanError::Spawn(e),
-        })?;
+        let status = self.command(args).status().map_err(spawn_error)?;
         if status.success() {
             Ok(())
         } else {
@@ -180,25 +385,310 @@ impl Podman {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => PodmanError::NotInstalled,
-                _ => PodmanError::Spawn(e),
-            })
+            .map_err(spawn_error)
     }
 
     /// Starts the sandbox's `podman run` with the launcher's terminal: it stays in the launcher's process
     /// group, because with a TTY podman must be in the terminal's foreground group.
     pub fn spawn_foreground(&self, args: &[OsString]) -> Result<Child, PodmanError> {
-        self.command(args).spawn().map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => PodmanError::NotInstalled,
-            _ => PodmanError::Spawn(e),
-        })
+        self.command(args).spawn().map_err(spawn_error)
+    }
+}
+
+fn spawn_error(e: io::Error) -> PodmanError {
+    match e.kind() {
+        io::ErrorKind::NotFound => PodmanError::NotInstalled,
+        _ => PodmanError::Spawn(e),
+    }
+}
+
+/// Reads `pipe` to its end on a thread of its own; the bytes come on the channel (none if the pipe is
+/// absent or fails: what was read before a failure still comes).
+fn collect(pipe: Option<impl io::Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    match pipe {
+        Some(mut pipe) => {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                let _ = tx.send(bytes);
+            });
+        }
+        None => {
+            let _ = tx.send(Vec::new());
+        }
+    }
+    rx
+}
+
+/// A pidfd for `pid`, a child not yet waited for (so the pid cannot have been reused); none where the
+/// kernel has no pidfds.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no memory is
+    // passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by nothing else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the process behind `pidfd` exits within `wait` (a pidfd polls readable once it has).
+fn exited_within(pidfd: &OwnedFd, wait: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let until = Instant::now().checked_add(wait);
+    loop {
+        let left = until.map_or(Duration::MAX, |u| {
+            u.saturating_duration_since(Instant::now())
+        });
+        // poll(2) counts in milliseconds: round up, and wait a minute at a time.
+        let capped = left.min(Duration::from_secs(60));
+        let ms = libc::c_int::try_from(capped.as_micros().div_ceil(1000)).unwrap_or(60_000);
+        // SAFETY: one valid pollfd, its count, a timeout; the kernel writes only `revents`.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n > 0 {
+            return Ok(true);
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else if capped == left {
+            return Ok(false);
+        }
+    }
+}
+
+/// Stops a child that is being given up, with its process group (podman and what it started there):
+/// SIGTERM, then SIGKILL if it is still there after [`STOP_GRACE`]; reaped if it goes within another.
+/// The child has not been waited for, so its pid, which is also its group's id, is still its own.
+fn stop_group(child: &mut Child) {
+    let Ok(pgid) = libc::pid_t::try_from(child.id()) else {
+        return;
+    };
+    let pidfd = pidfd_open(child.id());
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
+        // SAFETY: kill(2) on the group of a child we have not reaped: no memory effects.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+        let gone = match &pidfd {
+            Some(fd) => exited_within(fd, STOP_GRACE).unwrap_or(false),
+            None => {
+                std::thread::sleep(STOP_GRACE);
+                matches!(child.try_wait(), Ok(Some(_)))
+            }
+        };
+        if gone {
+            let _ = child.wait();
+            return;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A directory of this test's own, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir().join(format!("as-runner-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+
+        /// A stand-in podman running `body` (sh), with `$DIR` this directory.
+        fn podman(&self, body: &str) -> Podman {
+            let script = self.0.join("podman");
+            std::fs::write(
+                &script,
+                format!("#!/bin/sh\nDIR='{}'\n{body}\n", self.0.display()),
+            )
+            .unwrap();
+            std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            Podman::stand_in(script)
+        }
+
+        /// The pid the stand-in wrote to `$DIR/pid`, once it has.
+        fn pid(&self) -> libc::pid_t {
+            let file = self.0.join("pid");
+            let t = Instant::now();
+            loop {
+                if let Some(pid) = std::fs::read_to_string(&file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                {
+                    return pid;
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "no pid written");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Whether `pid` is gone (or a zombie waiting for init), polled for up to five seconds.
+    fn gone(pid: libc::pid_t) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => return true,
+                Ok(stat)
+                    if stat
+                        .rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z') =>
+                {
+                    return true
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        false
+    }
+
+    fn kill(pid: libc::pid_t) {
+        // SAFETY: kill(2) on a test's own stray process; no memory effects.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+
+    #[test]
+    fn a_command_that_ends_gives_all_its_output_and_status() {
+        let dir = Scratch::new("output");
+        // More than a pipe holds on each stream, so both must be read while it runs.
+        let podman = dir.podman("head -c 300000 /dev/zero; head -c 200000 /dev/zero >&2; exit 3");
+        let out = podman.output(&["x".into()]).unwrap();
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!((out.stdout.len(), out.stderr.len()), (300_000, 200_000));
+        let err = podman.run(&["x".into()]).unwrap_err();
+        assert!(matches!(err, PodmanError::Failed { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_command_past_its_deadline_is_stopped_with_its_process_group() {
+        let dir = Scratch::new("deadline");
+        let podman = dir
+            .podman("sleep 60 & echo $! > \"$DIR/pid\"; wait")
+            .with_deadline(Duration::from_millis(300));
+        let t = Instant::now();
+        let err = podman.run(&["network".into(), "ls".into()]).unwrap_err();
+        let took = t.elapsed();
+        let pid = dir.pid();
+        let stopped = gone(pid);
+        kill(pid);
+        assert!(
+            matches!(&err, PodmanError::TimedOut { command, .. } if command.ends_with(" network ls")),
+            "{err}"
+        );
+        assert!(err.to_string().contains("lock"), "{err}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert!(
+            stopped,
+            "what the command started in its group is still running"
+        );
+    }
+
+    #[test]
+    fn a_command_that_ignores_sigterm_is_killed() {
+        let dir = Scratch::new("sigterm");
+        let podman = dir
+            .podman("trap '' TERM; sleep 60 & echo $! > \"$DIR/pid\"; wait; wait")
+            .with_deadline(Duration::from_millis(200));
+        let t = Instant::now();
+        let err = podman.output(&["x".into()]).unwrap_err();
+        let took = t.elapsed();
+        let pid = dir.pid();
+        let stopped = gone(pid);
+        kill(pid);
+        assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
+        assert!(took < STOP_GRACE * 2, "took {took:?}");
+        assert!(stopped, "SIGKILL did not follow");
+    }
+
+    #[test]
+    fn pipes_held_after_the_command_ended_do_not_hang_it() {
+        let dir = Scratch::new("pipes");
+        // The command ends at once, but what it left behind keeps its stdout open.
+        let podman = dir
+            .podman("sleep 60 & echo $! > \"$DIR/pid\"; exit 0")
+            .with_deadline(Duration::from_millis(100));
+        let t = Instant::now();
+        let err = podman.output(&["x".into()]).unwrap_err();
+        let took = t.elapsed();
+        kill(dir.pid());
+        assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+    }
+
+    #[test]
+    fn an_interruptible_command_is_given_up_after_the_grace_once_told_to_stop() {
+        let dir = Scratch::new("interrupt");
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let podman = dir
+            .podman("echo $$ > \"$DIR/pid\"; exec sleep 60")
+            .interruptible_within(move || s.load(Ordering::SeqCst), Duration::from_millis(200));
+        let t = Instant::now();
+        let (err, told) = std::thread::scope(|scope| {
+            let run = scope.spawn(|| podman.output(&["volume".into(), "inspect".into()]));
+            let _ = dir.pid();
+            let told = Instant::now();
+            stop.store(true, Ordering::SeqCst);
+            (run.join().unwrap().unwrap_err(), told)
+        });
+        let after_stop = told.elapsed();
+        assert!(matches!(err, PodmanError::Interrupted { .. }), "{err}");
+        assert!(err.to_string().contains("interrupted"), "{err}");
+        assert!(
+            after_stop < Duration::from_secs(2) && t.elapsed() < Duration::from_secs(10),
+            "took {after_stop:?} after the stop"
+        );
+        assert!(gone(dir.pid()));
+    }
+
+    #[test]
+    fn a_command_that_finishes_within_the_grace_after_a_stop_is_kept() {
+        let dir = Scratch::new("grace");
+        let podman = dir
+            .podman("sleep 0.3; echo done")
+            .interruptible_within(|| true, Duration::from_secs(5));
+        assert_eq!(podman.run(&["x".into()]).unwrap(), "done\n");
+        // And without the stop, once made uninterruptible again.
+        let podman = podman.uninterruptible();
+        assert_eq!(podman.run(&["x".into()]).unwrap(), "done\n");
+    }
+
+    #[test]
+    fn the_hooks_directory_keeps_the_deadline_and_the_stop() {
+        let p = Podman::default()
+            .with_deadline(Duration::from_secs(7))
+            .interruptible(|| false)
+            .with_hooks_dir(Path::new("/h"));
+        assert_eq!(p.deadline, Duration::from_secs(7));
+        assert!(p.interrupt.is_some());
+        assert!(p.uninterruptible().interrupt.is_none());
+    }
 
     #[test]
     fn display_quotes_what_needs_it() {

@@ -223,8 +223,9 @@ pub(super) fn run_captured(
     let podman = &session.podman;
     let (spec, stores) = checked_spec(podman, settings, checked, shared, session, command, false)?;
     create_sandbox(podman, shared, &spec, &stores)?;
+    // The probe bounds its own run (the doctor's timeouts), so no podman deadline cuts it short.
     podman
-        .output(&args::sandbox_start(&spec))
+        .output_unbounded(&args::sandbox_start(&spec))
         .context("running the probe in the sandbox")
 }
 

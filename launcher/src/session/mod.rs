@@ -102,10 +102,12 @@ pub fn run(
     command: Vec<OsString>,
     signals: &SignalWatch,
 ) -> Result<i32, SessionError> {
-    let (mut checked, probes) = checks::check(podman, settings).map_err(SessionError::Check)?;
+    let setup = interruptible(podman, signals);
+    let (mut checked, probes) = checks::check(&setup, settings)
+        .map_err(|e| signal_first(signals, SessionError::Check(e)))?;
     interrupted(signals)?;
-    let shared = shared::prepare_shared(podman, settings, &checked, probes)
-        .map_err(|e| host_first(&mut checked, SessionError::Shared(e)))?;
+    let shared = shared::prepare_shared(&setup, settings, &checked, probes)
+        .map_err(|e| signal_first(signals, host_first(&mut checked, SessionError::Shared(e))))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
@@ -157,15 +159,16 @@ pub fn run_probe(
         home_volume: home.volume.clone(),
         ..settings.clone()
     };
-    let (mut checked, mut probes) =
-        checks::check_in(podman, settings, project).map_err(SessionError::Check)?;
+    let setup = interruptible(podman, signals);
+    let (mut checked, mut probes) = checks::check_in(&setup, settings, project)
+        .map_err(|e| signal_first(signals, SessionError::Check(e)))?;
     interrupted(signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
     probes.volume = home
         .create(podman, &settings.state_dir, &checked.project, &mut cleanup)
         .map_err(SessionError::Shared)?;
-    let shared = shared::prepare_shared(podman, settings, &checked, probes)
-        .map_err(|e| host_first(&mut checked, SessionError::Shared(e)))?;
+    let shared = shared::prepare_shared(&setup, settings, &checked, probes)
+        .map_err(|e| signal_first(signals, host_first(&mut checked, SessionError::Shared(e))))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
     let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)
@@ -182,6 +185,10 @@ pub fn run_probe(
     };
     let command = probe(&target).map_err(SessionError::Command)?;
     wait_for_host(&mut checked, signals)?;
+    // Said only once `podman info`'s checks have passed (the sandbox container's creation asks for the
+    // same verdict again, kept): until then they may still refuse the session.
+    checked.confirm_host().map_err(SessionError::Check)?;
+    progress("session up; probing from inside the sandbox");
     let out = command::run_captured(settings, checked, &shared, &session, command)
         .map_err(SessionError::Command)?;
     progress("probe finished; removing the session");
@@ -247,6 +254,23 @@ fn live_lock(
         .reread_policy(settings)
         .map_err(SessionError::Check)?;
     Ok(lock)
+}
+
+/// The podman of a start's checks and shared objects, before anything of the session exists: a signal
+/// gives up the command under way (`Podman::interruptible`), so a podman stuck on a lock does not keep
+/// Ctrl-C from stopping the start. The session's own objects are made with `podman` itself, bounded
+/// by its deadline, and removed with it.
+fn interruptible(podman: &Podman, signals: &SignalWatch) -> Podman {
+    let signals = signals.clone();
+    podman.interruptible(move || signals.received().is_some())
+}
+
+/// A step that failed after a signal was stopped by it (or raced it): the start was interrupted.
+fn signal_first(signals: &SignalWatch, e: SessionError) -> SessionError {
+    match signals.received() {
+        Some(sig) => SessionError::Interrupted(sig),
+        None => e,
+    }
 }
 
 /// A signal arrived during setup: stop here (the caller's cleanup removes what exists).
