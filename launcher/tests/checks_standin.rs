@@ -64,10 +64,10 @@ impl Scratch {
         Scratch { root }
     }
 
-    /// The launcher, run in `dir` (below the root) as `agent-sandbox --exec true`.
-    fn start(&self, dir: &str) -> Output {
-        Command::new(LAUNCHER)
-            .args(["--exec", "true"])
+    /// The launcher, to run in `dir` (below the root) as `agent-sandbox --exec true`.
+    fn launcher(&self, dir: &str) -> Command {
+        let mut c = Command::new(LAUNCHER);
+        c.args(["--exec", "true"])
             .current_dir(self.root.join(dir))
             .env_clear()
             .env("HOME", self.root.join("home"))
@@ -75,9 +75,13 @@ impl Scratch {
             .env(
                 "PATH",
                 format!("{}:/usr/bin:/bin", self.root.join("bin").display()),
-            )
-            .output()
-            .unwrap()
+            );
+        c
+    }
+
+    /// [`Scratch::launcher`], run to its end.
+    fn start(&self, dir: &str) -> Output {
+        self.launcher(dir).output().unwrap()
     }
 
     /// The podman commands the launcher ran.
@@ -181,16 +185,8 @@ fn ctrl_c_stops_a_start_whose_podman_hangs() {
     );
     assert_ne!(podman, PODMAN);
     fs::write(s.root.join("bin/podman"), podman).unwrap();
-    let mut launcher = Command::new(LAUNCHER)
-        .args(["--exec", "true"])
-        .current_dir(s.root.join("outer"))
-        .env_clear()
-        .env("HOME", s.root.join("home"))
-        .env("XDG_RUNTIME_DIR", s.root.join("run"))
-        .env(
-            "PATH",
-            format!("{}:/usr/bin:/bin", s.root.join("bin").display()),
-        )
+    let mut launcher = s
+        .launcher("outer")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -585,18 +585,28 @@ mod tests {
         assert!(matches!(err, PodmanError::Failed { .. }), "{err}");
     }
 
-    #[test]
-    fn a_command_past_its_deadline_is_stopped_with_its_process_group() {
-        let dir = Scratch::new("deadline");
-        let podman = dir
-            .podman("sleep 60 & echo $! > \"$DIR/pid\"; wait")
-            .with_deadline(Duration::from_millis(300));
+    /// What `body`, run as podman with `deadline`, ended in: the error, how long the launcher waited,
+    /// and whether the process whose pid it wrote to `$DIR/pid` was gone soon after (it is killed
+    /// either way).
+    fn given_up(name: &str, body: &str, deadline: Duration) -> (PodmanError, Duration, bool) {
+        let dir = Scratch::new(name);
+        let podman = dir.podman(body).with_deadline(deadline);
         let t = Instant::now();
-        let err = podman.run(&["network".into(), "ls".into()]).unwrap_err();
+        let err = podman.output(&["network".into(), "ls".into()]).unwrap_err();
         let took = t.elapsed();
         let pid = dir.pid();
         let stopped = gone(pid);
         kill(pid);
+        (err, took, stopped)
+    }
+
+    #[test]
+    fn a_command_past_its_deadline_is_stopped_with_its_process_group() {
+        let (err, took, stopped) = given_up(
+            "deadline",
+            "sleep 60 & echo $! > \"$DIR/pid\"; wait",
+            Duration::from_millis(300),
+        );
         assert!(
             matches!(&err, PodmanError::TimedOut { command, .. } if command.ends_with(" network ls")),
             "{err}"
@@ -611,16 +621,11 @@ mod tests {
 
     #[test]
     fn a_command_that_ignores_sigterm_is_killed() {
-        let dir = Scratch::new("sigterm");
-        let podman = dir
-            .podman("trap '' TERM; sleep 60 & echo $! > \"$DIR/pid\"; wait; wait")
-            .with_deadline(Duration::from_millis(200));
-        let t = Instant::now();
-        let err = podman.output(&["x".into()]).unwrap_err();
-        let took = t.elapsed();
-        let pid = dir.pid();
-        let stopped = gone(pid);
-        kill(pid);
+        let (err, took, stopped) = given_up(
+            "sigterm",
+            "trap '' TERM; sleep 60 & echo $! > \"$DIR/pid\"; wait; wait",
+            Duration::from_millis(200),
+        );
         assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
         assert!(took < STOP_GRACE * 2, "took {took:?}");
         assert!(stopped, "SIGKILL did not follow");
@@ -628,15 +633,13 @@ mod tests {
 
     #[test]
     fn pipes_held_after_the_command_ended_do_not_hang_it() {
-        let dir = Scratch::new("pipes");
-        // The command ends at once, but what it left behind keeps its stdout open.
-        let podman = dir
-            .podman("sleep 60 & echo $! > \"$DIR/pid\"; exit 0")
-            .with_deadline(Duration::from_millis(100));
-        let t = Instant::now();
-        let err = podman.output(&["x".into()]).unwrap_err();
-        let took = t.elapsed();
-        kill(dir.pid());
+        // The command ends at once, but what it left behind keeps its stdout open (and is not stopped:
+        // it is no longer the command's).
+        let (err, took, _) = given_up(
+            "pipes",
+            "sleep 60 & echo $! > \"$DIR/pid\"; exit 0",
+            Duration::from_millis(100),
+        );
         assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
         assert!(took < Duration::from_secs(3), "took {took:?}");
     }
