@@ -58,6 +58,34 @@ pub(crate) struct Facts {
     pub(crate) oauth_store: Option<PathBuf>,
 }
 
+/// The trial run, started as a session starts its containers: with an empty directory of its own as
+/// podman's only OCI hooks directory, so that no hook of podman's configuration runs (one that fails
+/// would fail the trial on a machine where sessions work; one that works would be tried on no session).
+fn trial_run(podman: &Podman, image: &str) -> Result<String, PodmanError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "agent-sandbox-doctor-hooks-{}-{nanos}",
+        std::process::id()
+    ));
+    // Made new (never one that exists) and private; removed below whatever the run did.
+    std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700)
+        .create(&dir)
+        .map_err(|e| {
+            PodmanError::Spawn(std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create an empty hooks directory {}: {e}",
+                    dir.display()
+                ),
+            ))
+        })?;
+    let out = podman.with_hooks_dir(&dir).run(&args::trial_run(image));
+    let _ = fs::remove_dir(&dir);
+    out
+}
+
 /// Runs the read-only queries (podman's at once) and reads the kernel's settings.
 pub(crate) fn gather(podman: &Podman, settings: &Settings) -> Facts {
     let (info, router, sandbox, networks, volume) = std::thread::scope(|s| {
@@ -74,8 +102,7 @@ pub(crate) fn gather(podman: &Podman, settings: &Settings) -> Facts {
             volume,
         )
     });
-    let trial = (info.is_ok() && router.is_ok())
-        .then(|| podman.run(&args::trial_run(&settings.router_image)));
+    let trial = (info.is_ok() && router.is_ok()).then(|| trial_run(podman, &settings.router_image));
     // SAFETY: getuid cannot fail and touches no memory.
     let uid = unsafe { libc::getuid() };
     let name = passwd_name(uid)
@@ -861,6 +888,32 @@ mod tests {
             Status::Pass
         );
         assert_eq!(cgroups("v1").status, Status::Warn);
+    }
+
+    /// The trial run names an empty directory of its own as the only hooks directory, and removes it.
+    #[test]
+    fn the_trial_run_runs_no_hook() {
+        let dir = std::env::temp_dir().join(format!("as-trial-hooks-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("podman");
+        // Answers with where its hooks directory was, if it was there and empty.
+        fs::write(
+            &script,
+            "#!/bin/sh\n[ \"$1\" = --hooks-dir ] && [ -d \"$2\" ] && [ -z \"$(ls -A \"$2\")\" ] || exit 3\n\
+             hooks=\"$2\"; shift 2; [ \"$1\" = run ] || exit 4\nprintf '%s' \"$hooks\"\n",
+        )
+        .unwrap();
+        fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let hooks = trial_run(&Podman::stand_in(&script), "localhost/r:dev");
+        let _ = fs::remove_dir_all(&dir);
+        let hooks = PathBuf::from(hooks.unwrap());
+        assert!(
+            hooks.starts_with(std::env::temp_dir()),
+            "{}",
+            hooks.display()
+        );
+        assert!(!hooks.exists(), "{} left behind", hooks.display());
     }
 
     #[test]
