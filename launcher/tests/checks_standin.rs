@@ -174,15 +174,58 @@ fn the_sweep_takes_only_a_session_id_from_a_label() {
 
 /// A podman that never answers (stuck on a lock another podman process holds) does not hang the start:
 /// Ctrl-C stops it within the launcher's grace, the stuck command's process is stopped too, and nothing
-/// was created.
+/// was created. Once for a check (`network ls`), once for the stale sweep's removals (six dead sessions'
+/// networks, each `network rm` stuck): the grace runs once, from the signal, not once per command.
 #[test]
 fn ctrl_c_stops_a_start_whose_podman_hangs() {
-    let s = Scratch::new("hang", "storage", &serde_json::json!([]));
-    let hung = s.root.join("hung");
-    let podman = PODMAN.replace(
+    let hung_probe = (
         "\"network ls\") cat \"$dir/networks.json\" ;;",
         "\"network ls\") echo $$ > \"$dir/hung.tmp\"; mv \"$dir/hung.tmp\" \"$dir/hung\"; exec sleep 600 ;;",
     );
+    ctrl_c_while_podman_hangs("hang", &serde_json::json!([]), hung_probe);
+    let pid = std::process::id();
+    let dead: Vec<serde_json::Value> = (0..6)
+        .map(|i| {
+            serde_json::json!({
+                "name": format!("agent-sandbox-00000000000{i}"),
+                "labels": {
+                    LABEL_SESSION: format!("00000000000{i}"),
+                    LABEL_PID: pid.to_string(),
+                    // Not this process's start time: its launcher is gone.
+                    LABEL_START: (liveness::start_time(pid).unwrap() + 1).to_string(),
+                    LABEL_BOOT: liveness::boot_id().unwrap(),
+                    LABEL_PROJECT: "/nonexistent-as/p",
+                }
+            })
+        })
+        .collect();
+    let hung_removal = (
+        "*) echo \"stand-in podman: no $*\" >&2; exit 125 ;;",
+        "\"network rm\") echo $$ > \"$dir/hung.tmp\"; mv \"$dir/hung.tmp\" \"$dir/hung\"; exec sleep 600 ;;\n\
+         *) echo \"stand-in podman: no $*\" >&2; exit 125 ;;",
+    );
+    let calls = ctrl_c_while_podman_hangs("sweep-hang", &serde_json::json!(dead), hung_removal);
+    assert_eq!(
+        calls
+            .lines()
+            .filter(|l| l.starts_with("network rm"))
+            .count(),
+        1,
+        "the sweep went on after the signal: {calls}"
+    );
+}
+
+/// Starts the launcher with the stand-in podman changed by `hang` (a case replaced by one that writes
+/// its pid to `hung` and never ends) and the session networks `networks`, sends SIGINT once the stuck
+/// command runs, and checks what [`ctrl_c_stops_a_start_whose_podman_hangs`] says. Returns the calls.
+fn ctrl_c_while_podman_hangs(
+    name: &str,
+    networks: &serde_json::Value,
+    hang: (&str, &str),
+) -> String {
+    let s = Scratch::new(name, "storage", networks);
+    let hung = s.root.join("hung");
+    let podman = PODMAN.replace(hang.0, hang.1);
     assert_ne!(podman, PODMAN);
     fs::write(s.root.join("bin/podman"), podman).unwrap();
     let mut launcher = s
@@ -201,7 +244,7 @@ fn ctrl_c_stops_a_start_whose_podman_hangs() {
         }
         assert!(
             t.elapsed() < std::time::Duration::from_secs(30),
-            "the launcher never asked `network ls`: {}",
+            "the stand-in never hung: {}",
             s.calls()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -229,14 +272,14 @@ fn ctrl_c_stops_a_start_whose_podman_hangs() {
     let took = told.elapsed();
     let out = launcher.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let stuck_left = Path::new(&format!("/proc/{stuck}/stat")).exists()
-        && !fs::read_to_string(format!("/proc/{stuck}/stat"))
-            .unwrap_or_default()
+    let stuck_left = fs::read_to_string(format!("/proc/{stuck}/stat")).is_ok_and(|stat| {
+        !stat
             .rsplit(')')
             .next()
             .unwrap_or("")
             .trim_start()
-            .starts_with('Z');
+            .starts_with('Z')
+    });
     if stuck_left {
         // SAFETY: as above.
         unsafe {
@@ -247,5 +290,7 @@ fn ctrl_c_stops_a_start_whose_podman_hangs() {
     assert!(stderr.contains("interrupted by signal 2"), "{stderr}");
     assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
     assert!(!stuck_left, "the stuck podman ({stuck}) was left running");
-    assert!(created_nothing(&s.calls()), "{}", s.calls());
+    let calls = s.calls();
+    assert!(created_nothing(&calls), "{calls}");
+    calls
 }

@@ -1,32 +1,60 @@
 //! Runs podman: the argument vectors from `args.rs` go in, stdout or a [`PodmanError`] that shows the
 //! command and podman's own message comes out.
 //!
-//! A podman command the launcher waits for never blocks it for ever: podman waits without a limit for
-//! a lock that another podman command holds (a stuck `podman` process, a hung storage), so each
-//! captured command has a [`DEADLINE`], and a podman that is [`Podman::interruptible`] also gives up
-//! [`INTERRUPT_GRACE`] after the launcher is told to stop. A command that is given up is stopped with
-//! its process group (SIGTERM, then SIGKILL) and reported with what to look at.
+//! A podman command the launcher waits for does not block it for ever: podman waits without a limit
+//! for a lock that another podman command holds (a stuck `podman` process, a hung storage). So each
+//! captured command that only reads or removes has a [`DEADLINE`] ([`bounded`]: a command that makes or
+//! starts something can legitimately take minutes), and a podman that is [`Podman::interruptible`] also
+//! gives up its commands [`INTERRUPT_GRACE`] after the launcher is first told to stop. A command that is
+//! given up is stopped with its process group (SIGTERM, then SIGKILL) and reported with what to look at.
 
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long a podman command whose answer the launcher waits for may run: far beyond the few tenths of
-/// a second such commands take (a session's slowest, `podman info`, about half a second), for a podman
-/// that waits on a lock another podman command holds. Image builds and pulls, which show their
-/// progress, and the sandbox's own command have none.
-pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
+/// How long a podman command that only reads or removes may run: far beyond the tenths of a second
+/// such commands take (`podman info`, the slowest, about half a second), and beyond the minutes another
+/// podman command may legitimately hold the storage lock for (rootless `podman create` copying a large
+/// image for a new user mapping on slow storage), for a podman that waits on a lock that is never
+/// released. Commands that make or start something have none ([`bounded`]), nor do image builds and
+/// pulls, which show their progress, or the sandbox's own command.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(300);
 
-/// How long a command of an [`interruptible`](Podman::interruptible) podman may go on once the launcher
-/// is told to stop: time to finish a step that is only slow, not enough to make Ctrl-C look ignored.
+/// How long the commands of an [`interruptible`](Podman::interruptible) podman may go on once the
+/// launcher is first told to stop: time to finish a step that is only slow, not enough to make Ctrl-C
+/// look ignored. Counted once, from the stop, for every command that is under way or comes later.
 pub(crate) const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 
 /// How long a stopped podman has between SIGTERM and SIGKILL, and then to be gone.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// How often a child is looked at where the kernel has no pidfds (Linux before 5.3, or a seccomp
+/// profile that denies them).
+const POLL_WITHOUT_PIDFD: Duration = Duration::from_millis(20);
+
+/// Whether a podman command gets the [`DEADLINE`]: those that make or start something do not. Rootless
+/// `podman create` copies the image for a new user mapping (minutes for a large image on slow storage,
+/// podman's issue tracker says; cutting it short leaves nothing reusable, so every later start would be
+/// cut short too), and `podman init` re-owns a home volume (`:U`), however large.
+#[must_use]
+pub(crate) fn bounded(args: &[OsString]) -> bool {
+    let word = |i: usize| args.get(i).and_then(|a| a.to_str()).unwrap_or("");
+    let makes = |w: &str| {
+        matches!(
+            w,
+            "run" | "create" | "init" | "start" | "restart" | "build" | "pull" | "load" | "commit"
+        )
+    };
+    let object = matches!(
+        word(0),
+        "container" | "pod" | "network" | "volume" | "image"
+    );
+    !(makes(word(0)) || object && makes(word(1)))
+}
 
 /// A podman invocation failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +78,7 @@ pub enum PodmanError {
     /// podman did not finish within its deadline and was stopped.
     #[error(
         "`{command}` did not finish in {} s and was stopped: another podman command may hold podman's \
-         lock (`ps -ef | grep podman` shows what runs)",
+         lock (`ps -ef | grep podman` shows what runs), or its storage is very slow",
         .after.as_secs()
     )]
     TimedOut {
@@ -59,12 +87,23 @@ pub enum PodmanError {
         /// The deadline it had.
         after: Duration,
     },
-    /// The launcher was told to stop while podman ran, and podman did not finish within
-    /// [`INTERRUPT_GRACE`]: it was stopped.
+    /// The launcher was told to stop, and podman did not finish within [`INTERRUPT_GRACE`] of that: it
+    /// was stopped (or, the grace being over, not started).
     #[error("`{command}` was stopped: the launcher was interrupted")]
     Interrupted {
         /// The command line.
         command: String,
+    },
+    /// podman ended, but something it started kept its output open: what it said was not read whole.
+    #[error(
+        "`{command}` ended ({status}), but a process it started kept its output open, so its answer was \
+         not read whole; that process was stopped"
+    )]
+    OutputHeld {
+        /// The command line.
+        command: String,
+        /// How podman ended.
+        status: ExitStatus,
     },
 }
 
@@ -97,6 +136,9 @@ pub struct Podman {
     deadline: Duration,
     /// When this says stop, a captured command gets [`Interrupt::grace`] more, then is stopped.
     interrupt: Option<Interrupt>,
+    /// Whether to wait through pidfds where the kernel has them (always, but in the tests of the
+    /// polling that stands in for them).
+    pidfds: bool,
 }
 
 /// What makes an [`interruptible`](Podman::interruptible) podman give up a command.
@@ -104,6 +146,20 @@ pub struct Podman {
 struct Interrupt {
     stop: Arc<dyn Fn() -> bool + Send + Sync>,
     grace: Duration,
+    /// When `stop` first said so, to any command of this podman or of its clones.
+    first: Arc<OnceLock<Instant>>,
+}
+
+impl Interrupt {
+    /// When the grace ends, once `stop` has said so (looked at now if it had not yet).
+    fn until(&self) -> Option<Instant> {
+        let first = match self.first.get() {
+            Some(at) => *at,
+            None if (self.stop)() => *self.first.get_or_init(Instant::now),
+            None => return None,
+        };
+        Some(first + self.grace)
+    }
 }
 
 impl std::fmt::Debug for Interrupt {
@@ -121,13 +177,15 @@ impl Default for Podman {
             globals: Vec::new(),
             deadline: DEADLINE,
             interrupt: None,
+            pidfds: true,
         }
     }
 }
 
 /// How a captured command ended.
 enum Ended {
-    Exited(ExitStatus),
+    /// It ended by itself (not reaped yet).
+    Exited,
     /// Given up at its deadline.
     TimedOut,
     /// Given up after a stop.
@@ -153,6 +211,15 @@ impl Podman {
         }
     }
 
+    /// This podman waiting for its commands by polling, as where there are no pidfds (tests).
+    #[cfg(test)]
+    pub(crate) fn without_pidfds(&self) -> Podman {
+        Podman {
+            pidfds: false,
+            ..self.clone()
+        }
+    }
+
     /// This podman, giving up a captured command [`INTERRUPT_GRACE`] after `stop` first says so: for the
     /// steps of a start that a signal abandons (the caller's cleanup removes what exists), never for a
     /// cleanup.
@@ -170,6 +237,7 @@ impl Podman {
             interrupt: Some(Interrupt {
                 stop: Arc::new(stop),
                 grace,
+                first: Arc::new(OnceLock::new()),
             }),
             ..self.clone()
         }
@@ -224,10 +292,10 @@ impl Podman {
 
     /// Runs a helper command to completion with output captured, in its own process group so that a
     /// Ctrl-C meant for the launcher does not kill a half-done setup or cleanup step (the launcher
-    /// finishes the step, then cleans up). Gives up at the [`DEADLINE`], or after a stop when
-    /// [`interruptible`](Podman::interruptible).
+    /// finishes the step, then cleans up). Gives up at the [`DEADLINE`] when [`bounded`], and after a
+    /// stop when [`interruptible`](Podman::interruptible).
     pub fn output(&self, args: &[OsString]) -> Result<Output, PodmanError> {
-        self.output_within(args, Some(self.deadline))
+        self.output_within(args, bounded(args).then_some(self.deadline))
     }
 
     /// [`Podman::output`] without the deadline: for a command that runs as long as what it runs does
@@ -242,16 +310,6 @@ impl Podman {
         deadline: Option<Duration>,
     ) -> Result<Output, PodmanError> {
         let started = Instant::now();
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(spawn_error)?;
-        let stdout = collect(child.stdout.take());
-        let stderr = collect(child.stderr.take());
         let gave_up = |ended: Ended| match ended {
             Ended::Interrupted => PodmanError::Interrupted {
                 command: self.display(args),
@@ -261,80 +319,95 @@ impl Podman {
                 after: deadline.unwrap_or_default(),
             },
         };
-        let status = match self.wait(&mut child, started, deadline) {
-            Ok(Ended::Exited(status)) => status,
+        // Past the grace already: not started at all.
+        if let Some(until) = self.interrupt.as_ref().and_then(Interrupt::until) {
+            if until <= started {
+                return Err(gave_up(Ended::Interrupted));
+            }
+        }
+        let child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(spawn_error)?;
+        let mut watch = Watch::new(child, self.pidfds);
+        let stdout = collect(watch.child.stdout.take());
+        let stderr = collect(watch.child.stderr.take());
+        match self.wait(&mut watch, started, deadline) {
+            Ok(Ended::Exited) => {}
             Ok(ended) => {
-                stop_group(&mut child);
+                watch.stop_group();
                 return Err(gave_up(ended));
             }
             Err(e) => {
-                stop_group(&mut child);
+                watch.stop_group();
                 return Err(PodmanError::Spawn(e));
             }
-        };
-        // Whatever podman left holding its pipes (it should be nothing) gets what is left of the
-        // deadline, and a second at least, to let go of them.
+        }
+        // podman has ended (not reaped yet). What it started in its group and left holding its pipes
+        // gets what is left of the deadline, a second at least, to let go of them; then it is stopped.
         let left = deadline.map_or(Duration::MAX, |d| {
             d.saturating_sub(started.elapsed())
                 .max(Duration::from_secs(1))
         });
         let until = Instant::now().checked_add(left);
-        let take = |rx: mpsc::Receiver<Vec<u8>>| {
+        let take = |rx: &mpsc::Receiver<Vec<u8>>| {
             let wait = until.map_or(Duration::MAX, |u| {
                 u.saturating_duration_since(Instant::now())
             });
             rx.recv_timeout(wait).ok()
         };
-        match (take(stdout), take(stderr)) {
+        let (out, err) = (take(&stdout), take(&stderr));
+        let held = out.is_none() || err.is_none();
+        if held {
+            watch.kill_group(libc::SIGKILL);
+        }
+        let status = watch.child.wait().map_err(PodmanError::Spawn)?;
+        match (out, err) {
             (Some(stdout), Some(stderr)) => Ok(Output {
                 status,
                 stdout,
                 stderr,
             }),
-            _ => Err(gave_up(Ended::TimedOut)),
+            _ => Err(PodmanError::OutputHeld {
+                command: self.display(args),
+                status,
+            }),
         }
     }
 
-    /// Waits for `child` to end, at most until `deadline` after `started` and, when interruptible,
-    /// until [`Interrupt::grace`] after the stop. Without pidfds (Linux before 5.3) it waits without
-    /// either, as `std` does.
+    /// Waits for the child to end (without reaping it), at most until `deadline` after `started` and,
+    /// when interruptible, until [`Interrupt::until`].
     fn wait(
         &self,
-        child: &mut Child,
+        watch: &mut Watch,
         started: Instant,
         deadline: Option<Duration>,
     ) -> io::Result<Ended> {
-        let Some(pidfd) = pidfd_open(child.id()) else {
-            return child.wait().map(Ended::Exited);
-        };
-        let mut stopped: Option<Instant> = None;
+        let end = deadline.and_then(|d| started.checked_add(d));
         loop {
             let now = Instant::now();
-            let mut wait = deadline.map_or(Duration::MAX, |d| d.saturating_sub(now - started));
+            let mut wait = end.map_or(Duration::MAX, |e| e.saturating_duration_since(now));
             if wait.is_zero() {
                 return Ok(Ended::TimedOut);
             }
             if let Some(interrupt) = &self.interrupt {
-                if stopped.is_none() && (interrupt.stop)() {
-                    stopped = Some(now);
-                }
-                match stopped {
-                    Some(at) => {
-                        let left = interrupt.grace.saturating_sub(now - at);
-                        if left.is_zero() {
-                            return Ok(Ended::Interrupted);
-                        }
-                        wait = wait.min(left);
-                    }
+                match interrupt.until() {
+                    Some(until) if until <= now => return Ok(Ended::Interrupted),
+                    Some(until) => wait = wait.min(until - now),
                     // Look at the stop ten times a second.
                     None => wait = wait.min(Duration::from_millis(100)),
                 }
             }
-            if exited_within(&pidfd, wait)? {
-                return child.wait().map(Ended::Exited);
+            if watch.ended_within(wait)? {
+                return Ok(Ended::Exited);
             }
         }
     }
+
     /// Runs a helper command; non-zero exit is an error. Returns stdout.
     pub fn run(&self, args: &[OsString]) -> Result<String, PodmanError> {
         let out = self.output(args)?;
@@ -433,6 +506,77 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A child being waited for: through a pidfd, which tells that it ended without reaping it (so its pid,
+/// which is also its process group's id, stays its own until [`Child::wait`]), or, where there are no
+/// pidfds, by polling [`Child::try_wait`], which reaps it.
+struct Watch {
+    child: Child,
+    pidfd: Option<OwnedFd>,
+    /// Reaped already (polling only): its group may no longer be signalled.
+    reaped: bool,
+}
+
+impl Watch {
+    fn new(child: Child, pidfds: bool) -> Watch {
+        let pidfd = if pidfds { pidfd_open(child.id()) } else { None };
+        Watch {
+            child,
+            pidfd,
+            reaped: false,
+        }
+    }
+
+    /// Whether the child ends within `wait`.
+    fn ended_within(&mut self, wait: Duration) -> io::Result<bool> {
+        match &self.pidfd {
+            Some(fd) => exited_within(fd, wait),
+            None => {
+                let until = Instant::now().checked_add(wait);
+                loop {
+                    if self.child.try_wait()?.is_some() {
+                        self.reaped = true;
+                        return Ok(true);
+                    }
+                    let left = until.map_or(Duration::MAX, |u| {
+                        u.saturating_duration_since(Instant::now())
+                    });
+                    if left.is_zero() {
+                        return Ok(false);
+                    }
+                    std::thread::sleep(left.min(POLL_WITHOUT_PIDFD));
+                }
+            }
+        }
+    }
+
+    /// Sends `signal` to the child's process group, unless the child was reaped (its group's id could
+    /// then be another's).
+    fn kill_group(&self, signal: libc::c_int) {
+        let Ok(pgid) = libc::pid_t::try_from(self.child.id()) else {
+            return;
+        };
+        if self.reaped {
+            return;
+        }
+        // SAFETY: kill(2) on the group of a child not reaped yet: no memory effects.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+
+    /// Stops a child that is being given up, with its process group (podman and what it started
+    /// there): SIGTERM; then SIGKILL to whatever of the group is left after [`STOP_GRACE`] or once the
+    /// child has gone (what it started may ignore SIGTERM); reaped if it goes within another.
+    fn stop_group(&mut self) {
+        self.kill_group(libc::SIGTERM);
+        let ended = self.ended_within(STOP_GRACE).unwrap_or(false);
+        self.kill_group(libc::SIGKILL);
+        if ended || self.ended_within(STOP_GRACE).unwrap_or(false) {
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Whether the process behind `pidfd` exits within `wait` (a pidfd polls readable once it has).
 fn exited_within(pidfd: &OwnedFd, wait: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
@@ -460,33 +604,6 @@ fn exited_within(pidfd: &OwnedFd, wait: Duration) -> io::Result<bool> {
             }
         } else if capped == left {
             return Ok(false);
-        }
-    }
-}
-
-/// Stops a child that is being given up, with its process group (podman and what it started there):
-/// SIGTERM, then SIGKILL if it is still there after [`STOP_GRACE`]; reaped if it goes within another.
-/// The child has not been waited for, so its pid, which is also its group's id, is still its own.
-fn stop_group(child: &mut Child) {
-    let Ok(pgid) = libc::pid_t::try_from(child.id()) else {
-        return;
-    };
-    let pidfd = pidfd_open(child.id());
-    for signal in [libc::SIGTERM, libc::SIGKILL] {
-        // SAFETY: kill(2) on the group of a child we have not reaped: no memory effects.
-        unsafe {
-            libc::kill(-pgid, signal);
-        }
-        let gone = match &pidfd {
-            Some(fd) => exited_within(fd, STOP_GRACE).unwrap_or(false),
-            None => {
-                std::thread::sleep(STOP_GRACE);
-                matches!(child.try_wait(), Ok(Some(_)))
-            }
-        };
-        if gone {
-            let _ = child.wait();
-            return;
         }
     }
 }
@@ -589,8 +706,17 @@ mod tests {
     /// and whether the process whose pid it wrote to `$DIR/pid` was gone soon after (it is killed
     /// either way).
     fn given_up(name: &str, body: &str, deadline: Duration) -> (PodmanError, Duration, bool) {
+        given_up_by(name, body, |p| p.with_deadline(deadline))
+    }
+
+    /// [`given_up`] with the stand-in podman made ready by `ready`.
+    fn given_up_by(
+        name: &str,
+        body: &str,
+        ready: impl Fn(Podman) -> Podman,
+    ) -> (PodmanError, Duration, bool) {
         let dir = Scratch::new(name);
-        let podman = dir.podman(body).with_deadline(deadline);
+        let podman = ready(dir.podman(body));
         let t = Instant::now();
         let err = podman.output(&["network".into(), "ls".into()]).unwrap_err();
         let took = t.elapsed();
@@ -632,16 +758,119 @@ mod tests {
     }
 
     #[test]
+    fn a_group_member_that_ignores_sigterm_is_killed_when_the_command_goes() {
+        let (err, took, stopped) = given_up(
+            "member",
+            "(trap '' TERM; exec sleep 60) & echo $! > \"$DIR/pid\"; wait",
+            Duration::from_millis(200),
+        );
+        assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
+        assert!(took < STOP_GRACE * 2, "took {took:?}");
+        assert!(stopped, "what the command started outlived it");
+    }
+
+    #[test]
+    fn without_pidfds_the_deadline_and_the_stop_still_hold() {
+        let (err, took, stopped) =
+            given_up_by("nopidfd", "sleep 60 & echo $! > \"$DIR/pid\"; wait", |p| {
+                p.without_pidfds().with_deadline(Duration::from_millis(200))
+            });
+        assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert!(stopped);
+        let (err, took, stopped) = given_up_by(
+            "nopidfd-stop",
+            "echo $$ > \"$DIR/pid\"; exec sleep 60",
+            |p| {
+                p.without_pidfds()
+                    .interruptible_within(|| true, Duration::from_millis(200))
+            },
+        );
+        assert!(matches!(err, PodmanError::Interrupted { .. }), "{err}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert!(stopped);
+        // And what ends by itself is read whole.
+        let dir = Scratch::new("nopidfd-ok");
+        let out = dir
+            .podman("head -c 100000 /dev/zero; exit 2")
+            .without_pidfds()
+            .output(&["x".into()])
+            .unwrap();
+        assert_eq!((out.status.code(), out.stdout.len()), (Some(2), 100_000));
+    }
+
+    #[test]
     fn pipes_held_after_the_command_ended_do_not_hang_it() {
-        // The command ends at once, but what it left behind keeps its stdout open (and is not stopped:
-        // it is no longer the command's).
-        let (err, took, _) = given_up(
+        // The command ends at once, but what it started in its group keeps its stdout open: reported
+        // as such, and stopped.
+        let (err, took, stopped) = given_up(
             "pipes",
             "sleep 60 & echo $! > \"$DIR/pid\"; exit 0",
             Duration::from_millis(100),
         );
-        assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
+        assert!(matches!(err, PodmanError::OutputHeld { .. }), "{err}");
         assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert!(stopped, "the process holding the pipes was left running");
+    }
+
+    #[test]
+    fn the_grace_after_a_stop_is_counted_once_for_every_command() {
+        let dir = Scratch::new("once");
+        let podman = dir
+            .podman("echo $$ >> \"$DIR/started\"; exec sleep 60")
+            .interruptible_within(|| true, Duration::from_millis(300));
+        let t = Instant::now();
+        let first = podman.output(&["x".into()]).unwrap_err();
+        let clone = podman.with_hooks_dir(Path::new("/h"));
+        let later: Vec<PodmanError> = (0..3)
+            .map(|_| clone.output(&["y".into()]).unwrap_err())
+            .collect();
+        let took = t.elapsed();
+        let started = std::fs::read_to_string(dir.0.join("started")).unwrap_or_default();
+        assert!(matches!(first, PodmanError::Interrupted { .. }), "{first}");
+        assert!(
+            later
+                .iter()
+                .all(|e| matches!(e, PodmanError::Interrupted { .. })),
+            "{later:?}"
+        );
+        // Only the first was started; the others came after the grace and were not.
+        assert_eq!(started.lines().count(), 1, "{started}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+    }
+
+    #[test]
+    fn what_makes_or_starts_something_has_no_deadline() {
+        let words = |w: &str| -> Vec<OsString> { w.split(' ').map(OsString::from).collect() };
+        for unbounded in [
+            "create --name x img",
+            "init x",
+            "run --rm img",
+            "start --attach x",
+            "pod create --name p",
+            "network create n",
+            "volume create v",
+            "container create img",
+            "image pull img",
+            "build -f f .",
+        ] {
+            assert!(!bounded(&words(unbounded)), "{unbounded}");
+        }
+        for bounded_ in [
+            "info --format json",
+            "network ls",
+            "volume inspect v",
+            "image inspect img",
+            "pod rm --force p",
+            "rm --force x",
+            "network rm --force n",
+            "kill x",
+            "unshare head -c 9 f",
+            "logs x",
+            "container inspect x",
+        ] {
+            assert!(bounded(&words(bounded_)), "{bounded_}");
+        }
     }
 
     #[test]

@@ -361,8 +361,9 @@ pub(super) struct HostCheck {
 }
 
 /// How long `podman info` may take before the start gives up on it: far beyond its usual half
-/// second, for a podman waiting on a lock another command holds.
-const INFO_DEADLINE: Duration = Duration::from_secs(120);
+/// second, for a podman waiting on a lock another command holds; the deadline of every podman command
+/// that only reads.
+const INFO_DEADLINE: Duration = crate::podman::DEADLINE;
 
 #[derive(Debug)]
 enum HostState {

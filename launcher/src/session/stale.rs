@@ -11,7 +11,9 @@ use super::rundir::{labelled_session_dir, log_dir, session_dir};
 use super::{say, NAME_PREFIX};
 use crate::liveness;
 use crate::podman::json::{Container, Network, Pod};
-use crate::podman::{args, Podman, LABEL_LOG_DIR, LABEL_PROJECT, LABEL_SESSION, LABEL_SESSION_DIR};
+use crate::podman::{
+    args, Podman, PodmanError, LABEL_LOG_DIR, LABEL_PROJECT, LABEL_SESSION, LABEL_SESSION_DIR,
+};
 
 /// One object of some session, as listed by podman.
 #[derive(Debug)]
@@ -165,6 +167,8 @@ pub(super) fn remove_stale_sessions(podman: &Podman, state_dir: &Path) -> anyhow
                 Ok(_) => {}
                 // Gone already (removed with its pod or network).
                 Err(e) if e.is_missing() => {}
+                // A signal: the start is abandoned, and the next one sweeps again.
+                Err(e @ PodmanError::Interrupted { .. }) => return Err(e.into()),
                 Err(e) => say!("could not remove {}: {e}", o.name),
             }
         }

@@ -84,12 +84,16 @@ impl ServerHelloWatch {
     fn decide(&self) -> Option<ServerFirst> {
         let mut opening = Vec::with_capacity(NEEDED);
         let mut rest = self.raw.as_slice();
+        // A record header not in whole yet ends the walk, but not the decision: the opening's first
+        // byte, when it is there, may already say that the first message is not a ServerHello, as it
+        // did when the same bytes came in smaller reads.
         while opening.len() < NEEDED {
-            if *rest.first()? != HANDSHAKE {
+            let Some(&kind) = rest.first() else { break };
+            if kind != HANDSHAKE {
                 return Some(ServerFirst::Other);
             }
             if rest.len() < 5 {
-                return None;
+                break;
             }
             let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
             if len == 0 {
@@ -292,6 +296,26 @@ mod tests {
             watch(&build::records(&hs, 3), 4),
             Some(ServerFirst::RetryRequest)
         );
+    }
+
+    /// Found by the `tls_retry` fuzz target: a whole handshake record whose message is not a
+    /// ServerHello, read at once, left the watch waiting for the next record, where the same bytes read
+    /// one at a time were decided at their sixth.
+    #[test]
+    fn read_boundaries_do_not_change_the_decision() {
+        let record = [22, 20, 3, 0, 5, 255, 97, 195, 236, 0];
+        for step in [1, 3, 6, 10] {
+            assert_eq!(watch(&record, step), Some(ServerFirst::Other), "{step}");
+        }
+        // The same with a second record's header begun.
+        let mut two = record.to_vec();
+        two.extend_from_slice(&[22, 3]);
+        assert_eq!(watch(&two, 12), Some(ServerFirst::Other));
+        // A ServerHello's first record in whole, the next header partial: still undecided.
+        let hrr = server_hello(&HRR_RANDOM);
+        let mut split = build::records(&hrr[5..15], 16384);
+        split.extend_from_slice(&[22, 3]);
+        assert_eq!(watch(&split, split.len()), None);
     }
 
     #[test]
