@@ -32,28 +32,36 @@ pub(crate) const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// How long a stopped podman has between SIGTERM and SIGKILL, and then to be gone.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// How long the launcher waits for podman's output once podman has ended (what podman said is in the
+/// pipes by then; only something it started and left holding them makes the readers wait).
+const OUTPUT_GRACE: Duration = Duration::from_secs(5);
+
 /// How often a child is looked at where the kernel has no pidfds (Linux before 5.3, or a seccomp
 /// profile that denies them).
 const POLL_WITHOUT_PIDFD: Duration = Duration::from_millis(20);
 
-/// Whether a podman command gets the [`DEADLINE`]: those that make or start something do not. Rootless
-/// `podman create` copies the image for a new user mapping (minutes for a large image on slow storage,
-/// podman's issue tracker says; cutting it short leaves nothing reusable, so every later start would be
-/// cut short too), and `podman init` re-owns a home volume (`:U`), however large.
+/// Whether a podman command gets the [`DEADLINE`]. Those that make or start a container do not: rootless,
+/// the first container of an image in a user mapping (the sandbox's and the forwarder's keep-id) makes
+/// an ID-mapped copy of the image, in `podman create` or `podman run`, which takes minutes for a large
+/// image on slow storage, podman's issue tracker says (cut short, nothing of it is kept, so every later
+/// start would be cut short too); `podman init` re-owns a home volume (`:U`), however large; builds and
+/// pulls take what they take. Everything else has it: queries, removals, signals, `podman unshare`
+/// reads, networks, volumes and pods (the infra container comes from podman's small pause image), and a
+/// `podman run --rm` that reads something from an image (no user mapping of its own).
 #[must_use]
 pub(crate) fn bounded(args: &[OsString]) -> bool {
     let word = |i: usize| args.get(i).and_then(|a| a.to_str()).unwrap_or("");
-    let makes = |w: &str| {
-        matches!(
-            w,
-            "run" | "create" | "init" | "start" | "restart" | "build" | "pull" | "load" | "commit"
-        )
+    let (verb, rest) = if word(0) == "container" || word(0) == "image" {
+        (word(1), args.get(2..).unwrap_or_default())
+    } else {
+        (word(0), args.get(1..).unwrap_or_default())
     };
-    let object = matches!(
-        word(0),
-        "container" | "pod" | "network" | "volume" | "image"
-    );
-    !(makes(word(0)) || object && makes(word(1)))
+    match verb {
+        "run" => rest.iter().any(|a| a == "--rm"),
+        "create" | "init" | "start" | "restart" | "build" | "pull" | "load" | "commit" => false,
+        // `pod create`, `network create`, `volume create` among them.
+        _ => true,
+    }
 }
 
 /// A podman invocation failed.
@@ -97,7 +105,7 @@ pub enum PodmanError {
     /// podman ended, but something it started kept its output open: what it said was not read whole.
     #[error(
         "`{command}` ended ({status}), but a process it started kept its output open, so its answer was \
-         not read whole; that process was stopped"
+         not read whole (what was left of its process group was stopped)"
     )]
     OutputHeld {
         /// The command line.
@@ -334,8 +342,15 @@ impl Podman {
             .spawn()
             .map_err(spawn_error)?;
         let mut watch = Watch::new(child, self.pidfds);
-        let stdout = collect(watch.child.stdout.take());
-        let stderr = collect(watch.child.stderr.take());
+        let readers = collect(watch.child.stdout.take())
+            .and_then(|out| Ok((out, collect(watch.child.stderr.take())?)));
+        let (stdout, stderr) = match readers {
+            Ok(readers) => readers,
+            Err(e) => {
+                watch.stop_group();
+                return Err(PodmanError::Spawn(e));
+            }
+        };
         match self.wait(&mut watch, started, deadline) {
             Ok(Ended::Exited) => {}
             Ok(ended) => {
@@ -348,17 +363,23 @@ impl Podman {
             }
         }
         // podman has ended (not reaped yet). What it started in its group and left holding its pipes
-        // gets what is left of the deadline, a second at least, to let go of them; then it is stopped.
-        let left = deadline.map_or(Duration::MAX, |d| {
-            d.saturating_sub(started.elapsed())
-                .max(Duration::from_secs(1))
-        });
-        let until = Instant::now().checked_add(left);
+        // gets a few seconds to let go of them (within what is left of the deadline, a second at
+        // least, and of the grace after a stop, a tenth at least), then is stopped.
+        let mut left = OUTPUT_GRACE;
+        if let Some(d) = deadline {
+            left = left.min(
+                d.saturating_sub(started.elapsed())
+                    .max(Duration::from_secs(1)),
+            );
+        }
+        if let Some(until) = self.interrupt.as_ref().and_then(Interrupt::until) {
+            let grace = until.saturating_duration_since(Instant::now());
+            left = left.min(grace.max(Duration::from_millis(100)));
+        }
+        let until = Instant::now() + left;
         let take = |rx: &mpsc::Receiver<Vec<u8>>| {
-            let wait = until.map_or(Duration::MAX, |u| {
-                u.saturating_duration_since(Instant::now())
-            });
-            rx.recv_timeout(wait).ok()
+            rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+                .ok()
         };
         let (out, err) = (take(&stdout), take(&stderr));
         let held = out.is_none() || err.is_none();
@@ -477,21 +498,23 @@ fn spawn_error(e: io::Error) -> PodmanError {
 
 /// Reads `pipe` to its end on a thread of its own; the bytes come on the channel (none if the pipe is
 /// absent or fails: what was read before a failure still comes).
-fn collect(pipe: Option<impl io::Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+fn collect(pipe: Option<impl io::Read + Send + 'static>) -> io::Result<mpsc::Receiver<Vec<u8>>> {
     let (tx, rx) = mpsc::channel();
     match pipe {
         Some(mut pipe) => {
-            std::thread::spawn(move || {
-                let mut bytes = Vec::new();
-                let _ = pipe.read_to_end(&mut bytes);
-                let _ = tx.send(bytes);
-            });
+            std::thread::Builder::new()
+                .name("podman-output".into())
+                .spawn(move || {
+                    let mut bytes = Vec::new();
+                    let _ = pipe.read_to_end(&mut bytes);
+                    let _ = tx.send(bytes);
+                })?;
         }
         None => {
             let _ = tx.send(Vec::new());
         }
     }
-    rx
+    Ok(rx)
 }
 
 /// A pidfd for `pid`, a child not yet waited for (so the pid cannot have been reused); none where the
@@ -506,58 +529,72 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A child being waited for: through a pidfd, which tells that it ended without reaping it (so its pid,
-/// which is also its process group's id, stays its own until [`Child::wait`]), or, where there are no
-/// pidfds, by polling [`Child::try_wait`], which reaps it.
+/// A child being waited for, never reaped before [`Child::wait`], so that its pid, which is also its
+/// process group's id, stays its own until then and the group can always be signalled: through a pidfd,
+/// or, where there are no pidfds, by polling `waitid` with `WNOWAIT`.
 struct Watch {
     child: Child,
     pidfd: Option<OwnedFd>,
-    /// Reaped already (polling only): its group may no longer be signalled.
-    reaped: bool,
 }
 
 impl Watch {
     fn new(child: Child, pidfds: bool) -> Watch {
         let pidfd = if pidfds { pidfd_open(child.id()) } else { None };
-        Watch {
-            child,
-            pidfd,
-            reaped: false,
-        }
+        Watch { child, pidfd }
     }
 
     /// Whether the child ends within `wait`.
-    fn ended_within(&mut self, wait: Duration) -> io::Result<bool> {
-        match &self.pidfd {
-            Some(fd) => exited_within(fd, wait),
-            None => {
-                let until = Instant::now().checked_add(wait);
-                loop {
-                    if self.child.try_wait()?.is_some() {
-                        self.reaped = true;
-                        return Ok(true);
-                    }
-                    let left = until.map_or(Duration::MAX, |u| {
-                        u.saturating_duration_since(Instant::now())
-                    });
-                    if left.is_zero() {
-                        return Ok(false);
-                    }
-                    std::thread::sleep(left.min(POLL_WITHOUT_PIDFD));
-                }
+    fn ended_within(&self, wait: Duration) -> io::Result<bool> {
+        if let Some(fd) = &self.pidfd {
+            return exited_within(fd, wait);
+        }
+        let until = Instant::now().checked_add(wait);
+        loop {
+            if self.ended()? {
+                return Ok(true);
+            }
+            let left = until.map_or(Duration::MAX, |u| {
+                u.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Ok(false);
+            }
+            std::thread::sleep(left.min(POLL_WITHOUT_PIDFD));
+        }
+    }
+
+    /// Whether the child has ended, leaving it to be reaped.
+    fn ended(&self) -> io::Result<bool> {
+        let pid = libc::id_t::from(self.child.id());
+        loop {
+            // SAFETY: an all-zero siginfo_t is a valid value for waitid(2) to fill in.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid(2) on our own child, writing only `info`; WNOWAIT leaves it unreaped.
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            if r == 0 {
+                // SAFETY: filled in by waitid for a child (WNOHANG leaves the pid 0 when none ended).
+                return Ok(unsafe { info.si_pid() } != 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
             }
         }
     }
 
-    /// Sends `signal` to the child's process group, unless the child was reaped (its group's id could
-    /// then be another's).
+    /// Sends `signal` to the child's process group (the child is not reaped yet, so the group's id is
+    /// still its own).
     fn kill_group(&self, signal: libc::c_int) {
         let Ok(pgid) = libc::pid_t::try_from(self.child.id()) else {
             return;
         };
-        if self.reaped {
-            return;
-        }
         // SAFETY: kill(2) on the group of a child not reaped yet: no memory effects.
         unsafe {
             libc::kill(-pgid, signal);
@@ -566,7 +603,8 @@ impl Watch {
 
     /// Stops a child that is being given up, with its process group (podman and what it started
     /// there): SIGTERM; then SIGKILL to whatever of the group is left after [`STOP_GRACE`] or once the
-    /// child has gone (what it started may ignore SIGTERM); reaped if it goes within another.
+    /// child has gone (what it started may ignore SIGTERM); reaped if it goes within another (a podman
+    /// that not even SIGKILL ends, in uninterruptible sleep on hung storage, is left to the kernel).
     fn stop_group(&mut self) {
         self.kill_group(libc::SIGTERM);
         let ended = self.ended_within(STOP_GRACE).unwrap_or(false);
@@ -757,16 +795,21 @@ mod tests {
         assert!(stopped, "SIGKILL did not follow");
     }
 
+    /// The two ways of waiting: through pidfds, and by polling where there are none.
+    const MODES: [fn(Podman) -> Podman; 2] = [|p| p, |p| p.without_pidfds()];
+
     #[test]
     fn a_group_member_that_ignores_sigterm_is_killed_when_the_command_goes() {
-        let (err, took, stopped) = given_up(
-            "member",
-            "(trap '' TERM; exec sleep 60) & echo $! > \"$DIR/pid\"; wait",
-            Duration::from_millis(200),
-        );
-        assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
-        assert!(took < STOP_GRACE * 2, "took {took:?}");
-        assert!(stopped, "what the command started outlived it");
+        for mode in MODES {
+            let (err, took, stopped) = given_up_by(
+                "member",
+                "(trap '' TERM; exec sleep 60) & echo $! > \"$DIR/pid\"; wait",
+                |p| mode(p).with_deadline(Duration::from_millis(200)),
+            );
+            assert!(matches!(err, PodmanError::TimedOut { .. }), "{err}");
+            assert!(took < STOP_GRACE * 2, "took {took:?}");
+            assert!(stopped, "what the command started outlived it");
+        }
     }
 
     #[test]
@@ -803,14 +846,29 @@ mod tests {
     fn pipes_held_after_the_command_ended_do_not_hang_it() {
         // The command ends at once, but what it started in its group keeps its stdout open: reported
         // as such, and stopped.
-        let (err, took, stopped) = given_up(
-            "pipes",
-            "sleep 60 & echo $! > \"$DIR/pid\"; exit 0",
-            Duration::from_millis(100),
-        );
+        for mode in MODES {
+            let (err, took, stopped) =
+                given_up_by("pipes", "sleep 60 & echo $! > \"$DIR/pid\"; exit 0", |p| {
+                    mode(p).with_deadline(Duration::from_millis(100))
+                });
+            assert!(matches!(err, PodmanError::OutputHeld { .. }), "{err}");
+            assert!(took < Duration::from_secs(3), "took {took:?}");
+            assert!(stopped, "the process holding the pipes was left running");
+        }
+        // A command without a deadline waits for its pipes a few seconds at most, and after a stop no
+        // longer than the grace.
+        let dir = Scratch::new("pipes-create");
+        let podman = dir
+            .podman("sleep 60 & echo $! > \"$DIR/pid\"; exit 0")
+            .interruptible_within(|| true, Duration::from_millis(300));
+        let t = Instant::now();
+        let err = podman.output(&["create".into(), "img".into()]).unwrap_err();
+        let took = t.elapsed();
+        let stopped = gone(dir.pid());
+        kill(dir.pid());
         assert!(matches!(err, PodmanError::OutputHeld { .. }), "{err}");
-        assert!(took < Duration::from_secs(3), "took {took:?}");
-        assert!(stopped, "the process holding the pipes was left running");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert!(stopped);
     }
 
     #[test]
@@ -845,12 +903,10 @@ mod tests {
         for unbounded in [
             "create --name x img",
             "init x",
-            "run --rm img",
+            "run --detach --pod p img",
             "start --attach x",
-            "pod create --name p",
-            "network create n",
-            "volume create v",
             "container create img",
+            "container run -d img",
             "image pull img",
             "build -f f .",
         ] {
@@ -868,6 +924,10 @@ mod tests {
             "unshare head -c 9 f",
             "logs x",
             "container inspect x",
+            "pod create --name p",
+            "network create --internal n",
+            "volume create v",
+            "run --rm --pull=never --entrypoint cat img /etc/ssl/certs/ca.pem",
         ] {
             assert!(bounded(&words(bounded_)), "{bounded_}");
         }

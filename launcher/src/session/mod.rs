@@ -111,8 +111,8 @@ pub fn run(
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
-    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)
-        .map_err(|e| host_first(&mut checked, e))?;
+    let session = start::start(&setup, settings, &checked, &shared, &mut cleanup, signals)
+        .map_err(|e| signal_first(signals, host_first(&mut checked, e)))?;
     drop(lock);
     wait_for_host(&mut checked, signals)?;
     let status = command::run_command(settings, checked, &shared, &session, command, signals)
@@ -171,8 +171,8 @@ pub fn run_probe(
         .map_err(|e| signal_first(signals, host_first(&mut checked, SessionError::Shared(e))))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
-    let session = start::start(podman, settings, &checked, &shared, &mut cleanup, signals)
-        .map_err(|e| host_first(&mut checked, e))?;
+    let session = start::start(&setup, settings, &checked, &shared, &mut cleanup, signals)
+        .map_err(|e| signal_first(signals, host_first(&mut checked, e)))?;
     drop(lock);
     let target = ProbeTarget {
         router: session.router.clone(),
@@ -256,10 +256,10 @@ fn live_lock(
     Ok(lock)
 }
 
-/// The podman of a start's checks and shared objects, before anything of the session exists: a signal
-/// gives up the command under way (`Podman::interruptible`), so a podman stuck on a lock does not keep
-/// Ctrl-C from stopping the start. The session's own objects are made with `podman` itself, bounded
-/// by its deadline, and removed with it.
+/// The podman of a start, until the sandbox container: a signal gives up the command under way
+/// (`Podman::interruptible`), so a podman stuck on a lock does not keep Ctrl-C from stopping the start;
+/// the cleanup, made with `podman` itself, removes what exists. The session's containers are then
+/// run with an uninterruptible one (`Session::podman`): a signal is meant for the command by then.
 fn interruptible(podman: &Podman, signals: &SignalWatch) -> Podman {
     let signals = signals.clone();
     podman.interruptible(move || signals.received().is_some())

@@ -46,7 +46,8 @@ pub(super) struct Session {
     /// The session's /etc/resolv.conf.
     pub(super) resolv: PathBuf,
     /// podman for the session's containers: with an empty directory of the session's as its only OCI
-    /// hooks directory (`Podman::with_hooks_dir`), so no hook of podman's configuration runs for any.
+    /// hooks directory (`Podman::with_hooks_dir`), so no hook of podman's configuration runs for any;
+    /// never interruptible (`Podman::uninterruptible`).
     pub(super) podman: Podman,
     /// The router's address on the session network.
     pub(super) router_ip: Ipv4Addr,
@@ -82,7 +83,9 @@ pub(super) fn start(
         router_log: planned.router_log,
         hosts: planned.hosts,
         resolv: planned.resolv,
-        podman: planned.podman,
+        // A signal from now on is for the sandboxed command, not the start: nothing it runs is given up
+        // at one.
+        podman: planned.podman.uninterruptible(),
         router_ip: planned.router_ip,
         loopbacks: planned.plan.loopbacks,
         inject: planned.inject,
