@@ -3,8 +3,8 @@
 //!
 //! A podman command the launcher waits for does not block it for ever: podman waits without a limit
 //! for a lock that another podman command holds (a stuck `podman` process, a hung storage). So each
-//! captured command that only reads or removes has a [`DEADLINE`] ([`bounded`]: a command that makes or
-//! starts something can legitimately take minutes), and a podman that is [`Podman::interruptible`] also
+//! captured command has a [`DEADLINE`], but those that create or start a container, which can
+//! legitimately take minutes ([`bounded`]), and a podman that is [`Podman::interruptible`] also
 //! gives up its commands [`INTERRUPT_GRACE`] after the launcher is first told to stop. A command that is
 //! given up is stopped with its process group (SIGTERM, then SIGKILL) and reported with what to look at.
 
@@ -16,12 +16,12 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long a podman command that only reads or removes may run: far beyond the tenths of a second
-/// such commands take (`podman info`, the slowest, about half a second), and beyond the minutes another
-/// podman command may legitimately hold the storage lock for (rootless `podman create` copying a large
-/// image for a new user mapping on slow storage), for a podman that waits on a lock that is never
-/// released. Commands that make or start something have none ([`bounded`]), nor do image builds and
-/// pulls, which show their progress, or the sandbox's own command.
+/// How long a podman command may run: far beyond the tenths of a second such commands take (`podman
+/// info`, the slowest, about half a second), and beyond the minutes another podman command may
+/// legitimately hold the storage lock for (rootless `podman create` copying a large image for a new
+/// user mapping on slow storage), for a podman that waits on a lock that is never released. Commands
+/// that create or start a container have none ([`bounded`]), nor do image builds and pulls, or the
+/// sandbox's own command.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(300);
 
 /// How long the commands of an [`interruptible`](Podman::interruptible) podman may go on once the
