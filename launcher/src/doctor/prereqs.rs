@@ -65,7 +65,7 @@ fn trial_run(podman: &Podman, image: &str) -> Result<String, PodmanError> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!(
+    let dir = crate::workdir::system_temp_dir().join(format!(
         "agent-sandbox-doctor-hooks-{}-{nanos}",
         std::process::id()
     ));
@@ -731,7 +731,8 @@ mod tests {
 
     #[test]
     fn credential_injection_names_the_terminated_hosts() {
-        let dir = std::env::temp_dir().join(format!("as-doctor-inject-{}", std::process::id()));
+        let dir = crate::workdir::system_temp_dir()
+            .join(format!("as-doctor-inject-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let list = dir.join("allowed-hosts");
         let store = dir.join("state/agent-sandbox/oauth");
@@ -843,7 +844,8 @@ mod tests {
 
     #[test]
     fn allowlist_errors_name_their_lines() {
-        let dir = std::env::temp_dir().join(format!("as-doctor-{}", std::process::id()));
+        let dir =
+            crate::workdir::system_temp_dir().join(format!("as-doctor-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("allowed-hosts");
         fs::write(&path, "example.com\n10.0.0.1\n*.bad.com\n").unwrap();
@@ -893,7 +895,8 @@ mod tests {
     /// The trial run names an empty directory of its own as the only hooks directory, and removes it.
     #[test]
     fn the_trial_run_runs_no_hook() {
-        let dir = std::env::temp_dir().join(format!("as-trial-hooks-{}", std::process::id()));
+        let dir = crate::workdir::system_temp_dir()
+            .join(format!("as-trial-hooks-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let script = dir.join("podman");

@@ -19,7 +19,6 @@ pub mod logfile;
 mod runner;
 mod spec;
 
-pub(crate) use runner::DEADLINE;
 pub use runner::{Podman, PodmanError};
 pub use spec::{
     Covered, ForwarderSpec, NetworkSpec, PodSpec, RouterSpec, SandboxCa, SandboxSpec,

@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 
@@ -360,19 +360,15 @@ pub(super) struct HostCheck {
     pub(super) rootless: bool,
 }
 
-/// How long `podman info` may take before the start gives up on it: far beyond its usual half
-/// second, for a podman waiting on a lock another command holds; the deadline of every podman command
-/// that only reads.
-const INFO_DEADLINE: Duration = crate::podman::DEADLINE;
-
 #[derive(Debug)]
 enum HostState {
-    /// `podman info` is under way: its answer comes on this channel (none if its thread panicked).
+    /// `podman info` is under way: its answer comes on this channel (none if its thread panicked). It
+    /// comes in the end: the deadline of `Podman::output` stops a `podman info` stuck on
+    /// a lock.
     Pending {
         answer: mpsc::Receiver<Result<String, PodmanError>>,
-        since: Instant,
     },
-    /// It answered (or gave up: [`INFO_DEADLINE`]); not checked yet.
+    /// It answered (or was given up); not checked yet.
     Answered(Result<String, PodmanError>),
     /// Confirmed, with where podman keeps containers (`Err`: the refusal, kept as text for each
     /// later asking).
@@ -387,10 +383,7 @@ impl HostCheck {
             let _ = tx.send(podman.run(&args::info()));
         });
         HostCheck {
-            state: HostState::Pending {
-                answer,
-                since: Instant::now(),
-            },
+            state: HostState::Pending { answer },
             rootless: podman_rootless(),
         }
     }
@@ -399,22 +392,14 @@ impl HostCheck {
     /// said so first (a signal: the start is abandoned), true once there is an answer to check.
     pub(super) fn wait(&mut self, stop: &dyn Fn() -> bool) -> bool {
         loop {
-            let HostState::Pending { answer, since } = &self.state else {
+            let HostState::Pending { answer } = &self.state else {
                 return true;
             };
-            let left = INFO_DEADLINE.saturating_sub(since.elapsed());
-            let got = match answer.recv_timeout(left.min(Duration::from_millis(50))) {
+            let got = match answer.recv_timeout(Duration::from_millis(50)) {
                 Ok(info) => Some(info),
                 Err(mpsc::RecvTimeoutError::Disconnected) => Some(Err(PodmanError::Spawn(
                     std::io::Error::other("the thread asking `podman info` panicked"),
                 ))),
-                Err(mpsc::RecvTimeoutError::Timeout) if left.is_zero() => {
-                    Some(Err(PodmanError::Spawn(std::io::Error::other(format!(
-                        "`podman info` has not answered in {} s (another podman command holding \
-                         its lock?)",
-                        INFO_DEADLINE.as_secs()
-                    )))))
-                }
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
             };
             match got {
@@ -425,7 +410,7 @@ impl HostCheck {
         }
     }
 
-    /// Waits for `podman info` (once; [`INFO_DEADLINE`] at most) and checks what it says against the
+    /// Waits for `podman info` (once; podman's deadline at most) and checks what it says against the
     /// session and `project`.
     pub(super) fn confirm(&mut self, project: &Path) -> anyhow::Result<Vec<PathBuf>> {
         self.wait(&|| false);
@@ -589,6 +574,7 @@ fn ensure_image(podman: &Podman, present: bool, image: &str, variable: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// `podman info` asked in the background (here a stand-in that prints a captured answer, after a
     /// pause) and confirmed later: the mode podman reports must be the one the session was set up in,

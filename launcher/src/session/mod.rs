@@ -107,12 +107,12 @@ pub fn run(
         .map_err(|e| signal_first(signals, SessionError::Check(e)))?;
     interrupted(signals)?;
     let shared = shared::prepare_shared(&setup, settings, &checked, probes)
-        .map_err(|e| signal_first(signals, host_first(&mut checked, SessionError::Shared(e))))?;
+        .map_err(|e| host_first(&mut checked, signals, SessionError::Shared(e)))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
     let mut cleanup = cleanup::Cleanup::new(podman.clone());
     let session = start::start(&setup, settings, &checked, &shared, &mut cleanup, signals)
-        .map_err(|e| signal_first(signals, host_first(&mut checked, e)))?;
+        .map_err(|e| host_first(&mut checked, signals, e))?;
     drop(lock);
     wait_for_host(&mut checked, signals)?;
     let status = command::run_command(settings, checked, &shared, &session, command, signals)
@@ -168,11 +168,11 @@ pub fn run_probe(
         .create(podman, &settings.state_dir, &checked.project, &mut cleanup)
         .map_err(SessionError::Shared)?;
     let shared = shared::prepare_shared(&setup, settings, &checked, probes)
-        .map_err(|e| signal_first(signals, host_first(&mut checked, SessionError::Shared(e))))?;
+        .map_err(|e| host_first(&mut checked, signals, SessionError::Shared(e)))?;
     interrupted(signals)?;
     let lock = live_lock(settings, &mut checked, signals)?;
     let session = start::start(&setup, settings, &checked, &shared, &mut cleanup, signals)
-        .map_err(|e| signal_first(signals, host_first(&mut checked, e)))?;
+        .map_err(|e| host_first(&mut checked, signals, e))?;
     drop(lock);
     let target = ProbeTarget {
         router: session.router.clone(),
@@ -205,8 +205,13 @@ fn wait_for_host(checked: &mut checks::Checked, signals: &SignalWatch) -> Result
 
 /// A step before the sandbox's that failed: what `podman info` refuses, when it refuses something, comes
 /// first (a podman without subordinate ids, say, fails to start the router with a message that does not
-/// say so); an interruption stays one.
-fn host_first(checked: &mut checks::Checked, e: SessionError) -> SessionError {
+/// say so); an interruption, or a failure after a signal (which may have stopped the step), is one.
+fn host_first(
+    checked: &mut checks::Checked,
+    signals: &SignalWatch,
+    e: SessionError,
+) -> SessionError {
+    let e = signal_first(signals, e);
     if matches!(e, SessionError::Interrupted(_)) {
         return e;
     }
